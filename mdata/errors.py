@@ -1,0 +1,118 @@
+"""Typed errors of mdata.
+
+Every error that concerns data names where it came from (source, shard, row) and says what to do
+next, so a failure on a 1,000-GPU job can be traced to one file and one row. Errors are plain
+exceptions that pickle cleanly, so they travel from Dask workers to the Planner and to trainers.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "MdataError",
+    "SourceError",
+    "SourceNotFoundError",
+    "UnknownFormatError",
+    "CorruptShardError",
+    "SchemaError",
+    "SampleError",
+    "ImageDecodeError",
+    "SkipBudgetExceededError",
+    "PlanError",
+    "MeshError",
+    "CheckpointError",
+    "TrainerError",
+    "TrainerTimeoutError",
+]
+
+
+class MdataError(Exception):
+    """Base class of every error raised by mdata."""
+
+
+class SourceError(MdataError):
+    """A problem with one source's data; names the source and, when known, the shard and row.
+
+    ``shard`` is the shard's path (or index when the path is unknown); ``row`` the row inside it.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        source: str,
+        shard: str | int | None = None,
+        row: int | None = None,
+        hint: str | None = None,
+    ) -> None:
+        self.message = message
+        self.source = source
+        self.shard = shard
+        self.row = row
+        self.hint = hint
+        where = f"source {source!r}"
+        if shard is not None:
+            where += f", shard {shard!r}"
+        if row is not None:
+            where += f", row {row}"
+        text = f"{where}: {message}"
+        if hint:
+            text += f" ({hint})"
+        super().__init__(text)
+
+    def __reduce__(self):  # keep keyword-only arguments across pickling
+        return (
+            _rebuild_source_error,
+            (type(self), self.message, self.source, self.shard, self.row, self.hint),
+        )
+
+
+def _rebuild_source_error(cls, message, source, shard, row, hint):
+    return cls(message, source=source, shard=shard, row=row, hint=hint)
+
+
+class SourceNotFoundError(SourceError):
+    """The source's URL or glob matched no file."""
+
+
+class UnknownFormatError(SourceError):
+    """The source declares a format mdata cannot read."""
+
+
+class CorruptShardError(SourceError):
+    """A shard cannot be parsed (truncated, not Parquet, bad JSON line...)."""
+
+
+class SchemaError(SourceError):
+    """A declared field is missing from a shard or has the wrong type."""
+
+
+class SampleError(SourceError):
+    """A transform failed on one sample; may be skipped under the source's skip tolerance."""
+
+
+class ImageDecodeError(SampleError):
+    """An image could not be decoded, or exceeds the pixel limit."""
+
+
+class SkipBudgetExceededError(SourceError):
+    """More samples failed than the source's skip tolerance allows."""
+
+
+class PlanError(MdataError):
+    """A plan is invalid: bad weights, unknown source, a mesh that does not divide the batch..."""
+
+
+class MeshError(PlanError):
+    """A device mesh or a rank coordinate is invalid for the world size."""
+
+
+class CheckpointError(MdataError):
+    """A checkpoint cannot be restored (other plan, other format version, corrupt)."""
+
+
+class TrainerError(MdataError):
+    """A trainer-side failure: the job failed, the rank is unknown, the cluster went away."""
+
+
+class TrainerTimeoutError(TrainerError):
+    """A trainer waited longer than its timeout for data."""

