@@ -22,6 +22,7 @@ __all__ = [
     "CheckpointError",
     "TrainerError",
     "TrainerTimeoutError",
+    "BatchError",
 ]
 
 
@@ -116,3 +117,12 @@ class TrainerError(MdataError):
 
 class TrainerTimeoutError(TrainerError):
     """A trainer waited longer than its timeout for data."""
+
+
+class BatchError(MdataError):
+    """A batch cannot be built or split: the pieces, the assignment or the mesh disagree.
+
+    Raised by the constructor side (``mdata.batch``) and the wire format; the message names the
+    step, DP rank, micro-batch and sample at fault. It points at a Planner/constructor mismatch,
+    not at bad input data, so it is never skipped.
+    """
