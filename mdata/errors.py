@@ -17,6 +17,9 @@ __all__ = [
     "SampleError",
     "ImageDecodeError",
     "SkipBudgetExceededError",
+    "InvalidSourceError",
+    "RowRangeError",
+    "TransformConfigError",
     "PlanError",
     "MeshError",
     "CheckpointError",
@@ -97,6 +100,18 @@ class ImageDecodeError(SampleError):
 
 class SkipBudgetExceededError(SourceError):
     """More samples failed than the source's skip tolerance allows."""
+
+
+class InvalidSourceError(SourceError, ValueError):
+    """A Source spec is invalid: bad name, chunk size, tolerance, fields, or a tokenizer not found."""
+
+
+class RowRangeError(SourceError, IndexError):
+    """A requested shard index or row range lies outside the source's listing."""
+
+
+class TransformConfigError(MdataError, ValueError):
+    """A sample transform was configured with invalid arguments (checked at construction)."""
 
 
 class PlanError(MdataError):
