@@ -26,6 +26,8 @@ __all__ = [
     "TrainerError",
     "TrainerTimeoutError",
     "BatchError",
+    "ExampleDataError",
+    "MaterialNotFoundError",
 ]
 
 
@@ -141,3 +143,11 @@ class BatchError(MdataError):
     step, DP rank, micro-batch and sample at fault. It points at a Planner/constructor mismatch,
     not at bad input data, so it is never skipped.
     """
+
+
+class ExampleDataError(MdataError):
+    """The example corpus (``mdata data example``) cannot be built or read."""
+
+
+class MaterialNotFoundError(ExampleDataError):
+    """The raw material of the example corpus is missing; ``bash scripts/setup.sh`` downloads it."""
