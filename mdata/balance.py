@@ -288,23 +288,23 @@ def _greedy(order: list[int], tok: list[int], cost: list[float], dp: int, m: int
     )
     room = [cap] * dp  # largest free space among each rank's micro-batches
     heap = [(0.0, r) for r in range(dp)]
+    # Ranks without room for the current sample wait here, largest room first, until a sample
+    # small enough comes; their load and room cannot change meanwhile. This keeps a near-full
+    # batch O(n log dp) instead of rescanning full ranks for every sample.
+    parked: list[tuple[int, float, int]] = []
     pop, push = heapq.heappop, heapq.heappush
     for i in order:
         t = tok[i]
-        entry = pop(heap)
-        r = entry[1]
-        if room[r] < t:
-            skipped = [entry]
-            while True:
-                if not heap:
-                    return None
-                entry = pop(heap)
-                r = entry[1]
-                if room[r] >= t:
-                    break
-                skipped.append(entry)
-            for e in skipped:
-                push(heap, e)
+        while parked and -parked[0][0] >= t:
+            _, load, r = pop(parked)
+            push(heap, (load, r))
+        while True:
+            if not heap:
+                return None  # no rank has a micro-batch with room for this sample
+            load, r = pop(heap)
+            if room[r] >= t:
+                break
+            push(parked, (-room[r], load, r))
         bt = bin_tokens[r]
         if m == 1:
             b = 0
