@@ -246,7 +246,7 @@ def _validate(
         if bad.size:
             i = int(bad[0])
             raise PlanError(
-                f"sample {i} has cost {cost[i]!r}; costs must be finite and >= 0 "
+                f"sample {i} has cost {float(cost[i])}; costs must be finite and >= 0 "
                 f"(check the plan's cost model)"
             )
     return tokens, cost, dp, micro_batches, max_tokens

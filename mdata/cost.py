@@ -75,7 +75,7 @@ def evaluate_cost(
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         raise PlanError(
-            f"cost model {_model_name(model)!r} returned {out[i]!r} for sample {i} "
+            f"cost model {_model_name(model)!r} returned {float(out[i])} for sample {i} "
             f"(num_tokens={tokens[i]}, num_patches={patches[i]}); costs must be finite and >= 0"
         )
     return out
