@@ -1,0 +1,56 @@
+"""Sources: what a dataset is (:class:`Source`), how its shards are read, and how rows become samples.
+
+- :class:`Source` — the frozen spec of one dataset (URL or glob, format, fields, transform, chunking,
+  skip tolerance), validated at construction; :meth:`Source.list_shards` lists its shards.
+- :func:`load_chunk` — one load task: read rows ``[start, stop)`` of one shard through the per-process
+  :class:`ReaderCache`, transform them, return a columnar :class:`SampleChunk`.
+- Transforms — :class:`TokenizeText`, :class:`DecodeImageCaption`, or a :class:`SampleTransform`
+  subclass of your own.
+
+Everything here is numpy/pyarrow/fsspec only: no Dask, no torch.
+"""
+
+from mdata.sources.chunk import SampleChunk, SkippedSample
+from mdata.sources.fields import FieldKind
+from mdata.sources.listing import ShardInfo, SourceListing
+from mdata.sources.load import load_chunk
+from mdata.sources.readers import (
+    JsonlShardReader,
+    ParquetShardReader,
+    ReaderCache,
+    ReaderCacheStats,
+    ShardReader,
+    default_reader_cache,
+)
+from mdata.sources.spec import Format, Source
+from mdata.sources.transforms import (
+    ChunkContext,
+    DecodeImageCaption,
+    SampleOutput,
+    SampleTransform,
+    TokenizeText,
+    Transform,
+)
+
+__all__ = [
+    "ChunkContext",
+    "DecodeImageCaption",
+    "FieldKind",
+    "Format",
+    "JsonlShardReader",
+    "ParquetShardReader",
+    "ReaderCache",
+    "ReaderCacheStats",
+    "SampleChunk",
+    "SampleOutput",
+    "SampleTransform",
+    "ShardInfo",
+    "ShardReader",
+    "SkippedSample",
+    "Source",
+    "SourceListing",
+    "TokenizeText",
+    "Transform",
+    "default_reader_cache",
+    "load_chunk",
+]

