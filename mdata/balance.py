@@ -73,7 +73,8 @@ class StepAssignment:
 
     Per sample ``i`` (aligned with the input arrays): ``rank[i]`` (DP rank), ``micro_batch[i]`` and
     ``position[i]`` (order inside the micro-batch; samples keep their input order there). Per rank
-    and micro-batch: token and cost totals. Arrays are read-only.
+    and micro-batch: token and cost totals (tokens count padded slots when balanced with
+    ``pad_multiple > 1``). Arrays are read-only.
     """
 
     rank: np.ndarray  # int32[n]
@@ -219,11 +220,13 @@ def _positive_int(name: str, value: object) -> int:
 
 
 def _validate(
-    num_tokens, costs, dp, micro_batches, max_tokens
+    num_tokens, costs, dp, micro_batches, max_tokens, pad_multiple
 ) -> tuple[np.ndarray, np.ndarray, int, int, int]:
+    """Checked inputs; the returned token counts are *slots*: rounded up to ``pad_multiple``."""
     dp = _positive_int("dp", dp)
     micro_batches = _positive_int("micro_batches", micro_batches)
     max_tokens = _positive_int("max_tokens", max_tokens)
+    pad_multiple = _positive_int("pad_multiple", pad_multiple)
     tokens = np.asarray(num_tokens)
     cost = np.asarray(costs, dtype=np.float64)
     if tokens.ndim != 1 or cost.shape != tokens.shape:
@@ -235,13 +238,19 @@ def _validate(
         raise PlanError(f"num_tokens must be integers, got dtype {tokens.dtype}")
     tokens = tokens.astype(np.int64)
     if tokens.size:
-        bad = np.flatnonzero((tokens < 0) | (tokens > max_tokens))
+        slots = -(-tokens // pad_multiple) * pad_multiple
+        bad = np.flatnonzero((tokens < 0) | (slots > max_tokens))
         if bad.size:
             i = int(bad[0])
+            padded = "" if pad_multiple == 1 else (
+                f" ({slots[i]} after padding to a multiple of {pad_multiple}; make max_tokens a "
+                f"multiple of {pad_multiple})"
+            )
             raise PlanError(
-                f"sample {i} has {tokens[i]} tokens, outside 0..max_tokens={max_tokens}; "
+                f"sample {i} has {tokens[i]} tokens{padded}, outside 0..max_tokens={max_tokens}; "
                 f"truncate samples to max_tokens before balancing"
             )
+        tokens = slots
         bad = np.flatnonzero(~np.isfinite(cost) | (cost < 0))
         if bad.size:
             i = int(bad[0])
@@ -462,6 +471,7 @@ def balance_step(
     micro_batches: int,
     max_tokens: int,
     seed: int = 0,
+    pad_multiple: int = 1,
 ) -> StepAssignment:
     """Assign every sample of a global step to a DP rank and a micro-batch (see module docstring).
 
@@ -470,9 +480,13 @@ def balance_step(
     tokens; every rank gets ``num_micro_batches >= micro_batches`` micro-batches (more only when the
     tokens do not fit). ``seed`` breaks ties between equal samples; the result is a pure function of
     the inputs.
+
+    ``pad_multiple``: each sample occupies its length rounded up to this multiple (with context
+    parallelism every document is padded to a multiple of ``2 * cp`` for the zigzag split, see
+    :func:`cp_zigzag_slices`); capacity and the reported token totals count these padded slots.
     """
     tokens, cost, dp, requested, max_tokens = _validate(
-        num_tokens, costs, dp, micro_batches, max_tokens
+        num_tokens, costs, dp, micro_batches, max_tokens, pad_multiple
     )
     n = tokens.size
     rng = np.random.default_rng(seed)
@@ -514,6 +528,7 @@ def greedy_pack_baseline(
     dp: int,
     micro_batches: int,
     max_tokens: int,
+    pad_multiple: int = 1,
 ) -> StepAssignment:
     """What independent per-rank data-parallel loaders do, for comparison with :func:`balance_step`.
 
@@ -521,10 +536,10 @@ def greedy_pack_baseline(
     ``n % dp`` runs get one more), and each rank packs its run greedily (next-fit) into sequences
     of ``max_tokens``: no rank sees the others' costs. Ranks that fill fewer than the step's
     micro-batch count leave the rest empty; ``num_micro_batches`` is the largest count any rank
-    needed (at least ``micro_batches``).
+    needed (at least ``micro_batches``). ``pad_multiple`` as in :func:`balance_step`.
     """
     tokens, cost, dp, requested, max_tokens = _validate(
-        num_tokens, costs, dp, micro_batches, max_tokens
+        num_tokens, costs, dp, micro_batches, max_tokens, pad_multiple
     )
     n = tokens.size
     rank = np.repeat(np.arange(dp), [len(run) for run in np.array_split(np.arange(n), dp)])

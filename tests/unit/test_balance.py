@@ -102,6 +102,19 @@ def test_long_documents_are_spread_over_ranks():
     )
 
 
+def test_capacity_counts_context_parallel_padding():
+    tokens = np.array([5, 5, 5])  # 8 slots each when padded to a multiple of 2*cp = 4
+    result = balance_step(tokens, np.array([3.0, 2.0, 1.0]), dp=1, micro_batches=1,
+                          max_tokens=16, pad_multiple=4)
+    assert result.num_micro_batches == 2
+    assert result.micro_batch.tolist() == [0, 1, 1]
+    assert result.per_micro_batch_tokens.tolist() == [[8, 16]]
+    assert balance_step(tokens, np.ones(3), dp=1, micro_batches=1, max_tokens=16).num_micro_batches == 1
+    with pytest.raises(PlanError, match=r"sample 0 has 15 tokens \(16 after padding to a multiple "
+                                        r"of 4; make max_tokens a multiple of 4\)"):
+        balance_step([15], [1.0], dp=1, micro_batches=1, max_tokens=15, pad_multiple=4)
+
+
 def test_baseline_splits_in_arrival_order_and_packs_next_fit():
     tokens = np.array([4, 4, 4, 4, 4, 4, 4])
     result = greedy_pack_baseline(tokens, np.ones(7), dp=2, micro_batches=1, max_tokens=8)
