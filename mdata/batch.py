@@ -126,8 +126,9 @@ class TensorField:
     def bfloat16_from_float32(cls, values: np.ndarray) -> "TensorField":
         """Round float32 values to bfloat16 (round to nearest even, NaN kept as quiet NaN).
 
-        Matches ``torch.tensor(values).to(torch.bfloat16)`` bit for bit, so a constructor can
-        produce bf16 fields without importing torch.
+        Matches ``torch.tensor(values).to(torch.bfloat16)`` bit for bit on every non-NaN value,
+        so a constructor can produce bf16 fields without importing torch (torch's NaN bit pattern
+        varies with its kernel; here a NaN becomes the canonical quiet NaN ``0x7FC0``, signed).
         """
         f32 = np.ascontiguousarray(values, dtype=np.float32)
         bits = f32.view(np.uint32)
