@@ -216,8 +216,9 @@ class Material:
 def stdlib_files() -> Iterator[SourceFile]:
     """Python's standard library ``.py`` files, sorted by path relative to the stdlib folder.
 
-    Installed packages (``site-packages``) and caches are skipped. A file whose declared encoding
-    cannot decode it (the stdlib ships a few such files on purpose, as test cases) is skipped too.
+    Installed packages (``site-packages``) and caches are skipped, and so are empty files (the many
+    empty ``__init__.py``: an empty document is no sample) and files whose declared encoding cannot
+    decode them (the stdlib ships a few on purpose, as test cases).
     """
     root = Path(sysconfig.get_paths()["stdlib"])
     paths = []
@@ -231,6 +232,8 @@ def stdlib_files() -> Iterator[SourceFile]:
             text = raw.decode(encoding)
         except (SyntaxError, UnicodeDecodeError, LookupError):
             continue
+        if not text.strip():
+            continue
         yield SourceFile(path.relative_to(root).as_posix(), text.replace("\r\n", "\n"))
 
 
@@ -243,6 +246,8 @@ def python_docs_files(folder: Path = PYTHON_DOCS_DIR) -> list[SourceFile]:
         try:
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError:
+            continue
+        if not text.strip():
             continue
         files.append(SourceFile(path.relative_to(folder).as_posix(), text.replace("\r\n", "\n")))
     return files
