@@ -324,3 +324,15 @@ def test_micro_batch_rejects_object_arrays_and_batches_concatenate_ids():
     assert batch.micro_batches[1].names == ("w", "y")
     assert batch.nbytes == 2 * (24 + 4) + 16
     assert isinstance(DPBatch(0, 0, 1, ()).for_rank(0), Batch)
+
+
+@pytest.mark.parametrize("length,cp", [(1, 2), (7, 2), (16, 4), (37, 3), (100, 8)])
+def test_zigzag_split_agrees_with_the_planners_cp_slices(length, cp):
+    from mdata.balance import cp_zigzag_slices
+
+    chunk = SampleChunk.from_samples("web", 0, [0], [np.arange(1, length + 1)])
+    dp = build_dp_batch(0, 0, [chunk], [0], [0], [length], [[0, 0, 0]], 1, max_tokens=length, cp=cp)
+    for rank, expected in enumerate(cp_zigzag_slices(length, cp)):
+        local = dp.for_rank(rank).micro_batches[0]["input_ids"]
+        real = local[local != 0] - 1  # token value t sits at position t - 1; 0 is padding
+        assert real.tolist() == expected.tolist()
