@@ -77,7 +77,11 @@ def decode_image(
     try:
         im = Image.open(io.BytesIO(data), formats=FORMATS)
     except Image.DecompressionBombError as exc:
-        raise ImageProblem(str(exc), "the image is far too large; drop or downscale it") from None
+        # Pillow's own limit (2 x Image.MAX_IMAGE_PIXELS, about 179 MPix) fires inside open().
+        raise ImageProblem(
+            f"{exc} (over max_pixels={max_pixels:,} too)",
+            "the image is far too large; drop or downscale it",
+        ) from None
     except Exception as exc:  # Pillow raises UnidentifiedImageError, OSError, SyntaxError...
         raise ImageProblem(
             f"cannot read image header ({type(exc).__name__}: {exc})",

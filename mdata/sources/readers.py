@@ -58,7 +58,9 @@ class ShardReader(ABC):
         self.path = path  # protocol-less, for fs
         self.shard = shard  # shard.path is the full URL, used in errors
         self.kinds: dict[str, FieldKind] = {f: FieldKind.ANY for f in source.fields}
-        self.kinds.update(source.transform.required_fields())
+        self.kinds.update(
+            (name, FieldKind(kind)) for name, kind in source.transform.required_fields().items()
+        )
         self._lock = threading.Lock()
         self._file: Any = None
         #: Row groups (Parquet) or lines (JSONL) read so far: shows that reads are range-bounded.
