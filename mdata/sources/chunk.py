@@ -11,6 +11,7 @@ length ``n + 1``, so sample ``i`` is ``buffer[offsets[i]:offsets[i + 1]]``.
 
 from __future__ import annotations
 
+import itertools
 import sys
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -119,11 +120,14 @@ class SampleChunk:
         n = len(rows)
         lengths = np.fromiter((len(t) for t in tokens), dtype=np.int64, count=n)
         total = int(lengths.sum())
-        token_ids = np.empty(total, dtype=np.int32)
-        pos = 0
-        for t, length in zip(tokens, lengths):
-            token_ids[pos : pos + length] = t
-            pos += length
+        if all(isinstance(t, list) for t in tokens):  # tokenizer output: one pass, no temporaries
+            token_ids = np.fromiter(itertools.chain.from_iterable(tokens), dtype=np.int32, count=total)
+        else:
+            token_ids = np.empty(total, dtype=np.int32)
+            pos = 0
+            for t, length in zip(tokens, lengths):
+                token_ids[pos : pos + length] = t
+                pos += length
         patches = (
             np.zeros(n, dtype=np.int32)
             if num_patches is None

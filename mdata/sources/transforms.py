@@ -188,13 +188,17 @@ def _encode_isolating(
 
 
 def _finish_tokens(ids: list[int], eos_id: int | None, append_eos: bool, max_tokens: int | None) -> list[int]:
-    """Truncate to ``max_tokens`` keeping the EOS as the last token when one is appended."""
+    """Truncate to ``max_tokens`` keeping the EOS as the last token when one is appended.
+
+    ``ids`` is the tokenizer's fresh list and is extended in place (no copy per document).
+    """
     if append_eos:
         if max_tokens is not None and len(ids) >= max_tokens:
-            ids = ids[: max_tokens - 1]
-        return ids + [eos_id]
+            del ids[max_tokens - 1 :]
+        ids.append(eos_id)
+        return ids
     if max_tokens is not None and len(ids) > max_tokens:
-        return ids[:max_tokens]
+        del ids[max_tokens:]
     return ids
 
 
