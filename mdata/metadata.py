@@ -1,0 +1,122 @@
+"""Per-sample cost features of a source, without its payload: what ``Plan.simulate`` runs on.
+
+Balancing needs only each sample's token and patch counts, so a source can be explored in a
+notebook from its metadata alone: a few bytes per sample instead of the text and images. Metadata
+comes from real loaded chunks (:meth:`SourceMetadata.from_chunks`) or from arrays (a profile of
+the corpus, or generated length distributions for what-if studies).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from mdata.errors import PlanError
+
+__all__ = ["SourceMetadata"]
+
+
+@dataclass(frozen=True, eq=False)
+class SourceMetadata:
+    """Token and patch counts of every row of one source, per shard.
+
+    ``num_tokens[k]`` and ``num_patches[k]`` are int32 arrays with one entry per row of shard
+    ``k``; rows a loader would skip can be marked in ``skipped[k]`` (a bool array, or None).
+    """
+
+    name: str
+    num_tokens: tuple[np.ndarray, ...]
+    num_patches: tuple[np.ndarray, ...]
+    skipped: tuple[np.ndarray | None, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.num_tokens) != len(self.num_patches):
+            raise PlanError(
+                f"metadata of source {self.name!r}: {len(self.num_tokens)} shards of token counts "
+                f"but {len(self.num_patches)} of patch counts"
+            )
+        for k, (tok, pat) in enumerate(zip(self.num_tokens, self.num_patches)):
+            if tok.shape != pat.shape:
+                raise PlanError(
+                    f"metadata of source {self.name!r}, shard {k}: {tok.size} token counts but "
+                    f"{pat.size} patch counts"
+                )
+            if tok.size and (tok.min() < 0 or pat.min() < 0):
+                raise PlanError(
+                    f"metadata of source {self.name!r}, shard {k}: negative token or patch counts"
+                )
+
+    @property
+    def shard_rows(self) -> np.ndarray:
+        """Rows per shard (int64): the listing the order is built from."""
+        return np.array([t.size for t in self.num_tokens], dtype=np.int64)
+
+    def rows_of(self, shard: int, start: int, stop: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """What loading rows ``[start, stop)`` of ``shard`` reports: kept rows, tokens, patches, skipped rows."""
+        rows = np.arange(start, stop, dtype=np.int64)
+        tokens = self.num_tokens[shard][start:stop]
+        patches = self.num_patches[shard][start:stop]
+        bad = None if self.skipped is None else self.skipped[shard]
+        if bad is None or not bad[start:stop].any():
+            return rows, tokens, patches, np.zeros(0, dtype=np.int64)
+        keep = ~bad[start:stop]
+        return rows[keep], tokens[keep], patches[keep], rows[~keep]
+
+    @classmethod
+    def from_arrays(
+        cls,
+        name: str,
+        num_tokens: Sequence[Sequence[int] | np.ndarray],
+        num_patches: Sequence[Sequence[int] | np.ndarray] | None = None,
+        skipped: Sequence[Sequence[bool] | np.ndarray | None] | None = None,
+    ) -> "SourceMetadata":
+        """Build from per-shard arrays of token (and optionally patch) counts."""
+        tokens = tuple(np.asarray(t, dtype=np.int32).reshape(-1) for t in num_tokens)
+        if num_patches is None:
+            patches = tuple(np.zeros_like(t) for t in tokens)
+        else:
+            patches = tuple(np.asarray(p, dtype=np.int32).reshape(-1) for p in num_patches)
+        bad = None
+        if skipped is not None:
+            bad = tuple(None if s is None else np.asarray(s, dtype=bool).reshape(-1) for s in skipped)
+        return cls(name, tokens, patches, bad)
+
+    @classmethod
+    def from_chunks(cls, chunks: Iterable, shard_rows: Sequence[int] | None = None) -> "SourceMetadata":
+        """Build from loaded :class:`~mdata.sources.chunk.SampleChunk` objects of one source.
+
+        Rows the chunks do not cover count as skipped (so a simulation passes over them like the
+        Planner would). ``shard_rows`` gives the row count of each shard when the chunks do not
+        reach the end of every shard.
+        """
+        chunks = list(chunks)
+        if not chunks:
+            raise PlanError("SourceMetadata.from_chunks needs at least one chunk")
+        names = {c.source for c in chunks}
+        if len(names) != 1:
+            raise PlanError(f"SourceMetadata.from_chunks: chunks of several sources {sorted(names)}")
+        n_shards = max(c.shard for c in chunks) + 1
+        rows_per_shard = [0] * n_shards
+        for c in chunks:
+            top = max([int(c.rows.max()) + 1 if len(c.rows) else 0]
+                      + [s.row + 1 for s in c.skipped])
+            rows_per_shard[c.shard] = max(rows_per_shard[c.shard], top)
+        if shard_rows is not None:
+            if len(shard_rows) < n_shards:
+                raise PlanError(
+                    f"SourceMetadata.from_chunks: chunks reach shard {n_shards - 1} but shard_rows "
+                    f"lists {len(shard_rows)} shards"
+                )
+            rows_per_shard = [int(r) for r in shard_rows]
+        tokens = [np.zeros(r, dtype=np.int32) for r in rows_per_shard]
+        patches = [np.zeros(r, dtype=np.int32) for r in rows_per_shard]
+        covered = [np.zeros(r, dtype=bool) for r in rows_per_shard]
+        for c in chunks:
+            tokens[c.shard][c.rows] = c.num_tokens
+            patches[c.shard][c.rows] = c.num_patches
+            covered[c.shard][c.rows] = True
+        skipped = [None if cov.all() else ~cov for cov in covered]
+        return cls(names.pop(), tuple(tokens), tuple(patches),
+                   None if all(s is None for s in skipped) else tuple(skipped))

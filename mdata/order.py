@@ -1,0 +1,236 @@
+"""Deterministic sample order of one source, independent of the cluster's shape.
+
+Each source's samples form one infinite sequence, epoch after epoch. A *cursor* is a position in
+that sequence; the Planner keeps one cursor per source, and a checkpoint stores only those cursors,
+because everything else follows from ``(seed, source name, row counts, chunk_rows, window)``:
+
+1. The source's rows are cut into *chunks* of ``chunk_rows`` consecutive rows of one shard (the last
+   chunk of a shard may be shorter; a chunk never crosses shards). A chunk is what one Dask task
+   loads.
+2. Epoch ``e`` visits the chunks in a permutation drawn from ``numpy.random.Generator(PCG64)``
+   seeded with ``(seed, crc32(name), e)``; ``crc32`` is stable across processes, unlike ``hash``.
+3. Rows are shuffled inside a *shuffle window* of ``window`` consecutive chunks of that permutation
+   (seeded with ``(seed, crc32(name), e, window index)``). Larger windows mix better; smaller ones
+   keep fewer chunks in memory at once.
+
+Nothing depends on how many loaders, constructors or trainers exist, so the order survives
+rescaling and restarts (the idea mosaicml/streaming calls elastic determinism).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from mdata.errors import PlanError
+
+__all__ = ["ChunkRef", "SourceOrder", "Taken", "stable_name_hash", "chunk_key"]
+
+
+def stable_name_hash(name: str) -> int:
+    """A hash of a source name that is the same in every process (``hash()`` is salted)."""
+    return zlib.crc32(name.encode("utf-8"))
+
+
+def chunk_key(job: str, source: str, shard: int, start: int) -> tuple[str, str, str, int, int]:
+    """The Dask key of the load task of one chunk; it names the chunk's lineage."""
+    return ("mdata-load", job, source, int(shard), int(start))
+
+
+@dataclass(frozen=True)
+class ChunkRef:
+    """One chunk of one source: rows ``[start, stop)`` of shard ``shard``.
+
+    ``chunk_id`` is the chunk's index in the source's shard-major chunk list; ``source_index`` is
+    the source's position in the plan. ``key`` is the Dask task key of its load, so the task graph
+    and the dashboard show which source and shard every load came from.
+    """
+
+    source: str
+    source_index: int
+    shard: int
+    start: int
+    stop: int
+    chunk_id: int
+    job: str = "job"
+
+    @property
+    def key(self) -> tuple[str, str, str, int, int]:
+        return chunk_key(self.job, self.source, self.shard, self.start)
+
+    @property
+    def num_rows(self) -> int:
+        return self.stop - self.start
+
+    def __str__(self) -> str:
+        return f"{self.source}/shard {self.shard}/rows {self.start}-{self.stop}"
+
+
+class Taken(NamedTuple):
+    """Samples at consecutive cursor positions: shard, row and chunk id of each (int64 arrays)."""
+
+    shards: np.ndarray
+    rows: np.ndarray
+    chunk_ids: np.ndarray
+
+
+class _Window(NamedTuple):
+    lo: int  # first epoch position of the window
+    hi: int  # one past its last position
+    shards: np.ndarray
+    rows: np.ndarray
+    chunk_ids: np.ndarray
+
+
+class SourceOrder:
+    """The deterministic, infinite sample sequence of one source (see the module docstring).
+
+    ``row_counts`` are the rows per shard, in the source's shard order (empty shards are allowed
+    and simply have no chunks). Epoch permutations and shuffle windows are computed on demand and
+    cached (a few of each), so memory stays at a few windows however large the source is.
+    """
+
+    def __init__(
+        self,
+        row_counts: Sequence[int] | np.ndarray,
+        chunk_rows: int,
+        seed: int,
+        name: str,
+        window: int = 4,
+    ) -> None:
+        counts = np.asarray(row_counts, dtype=np.int64).reshape(-1)
+        if counts.size == 0 or (counts < 0).any() or counts.sum() == 0:
+            raise PlanError(
+                f"source {name!r}: no rows to read (row counts per shard {counts.tolist()[:8]}); "
+                "check the source's URL and that its shards are not empty"
+            )
+        if int(chunk_rows) < 1:
+            raise PlanError(f"source {name!r}: chunk_rows must be >= 1, got {chunk_rows}")
+        if int(window) < 1:
+            raise PlanError(f"source {name!r}: shuffle window must be >= 1 chunk, got {window}")
+        self.name = name
+        self.seed = int(seed)
+        self.chunk_rows = int(chunk_rows)
+        self.window = int(window)
+        self.row_counts = counts
+        self.num_rows = int(counts.sum())
+        per_shard = -(-counts // self.chunk_rows)  # ceil division
+        self.num_chunks = int(per_shard.sum())
+        self.chunk_shard = np.repeat(np.arange(counts.size, dtype=np.int64), per_shard)
+        first_chunk = np.concatenate([[0], np.cumsum(per_shard)[:-1]]).astype(np.int64)
+        self._first_chunk = first_chunk
+        within = np.arange(self.num_chunks, dtype=np.int64) - first_chunk[self.chunk_shard]
+        self.chunk_start = within * self.chunk_rows
+        self.chunk_stop = np.minimum(self.chunk_start + self.chunk_rows, counts[self.chunk_shard])
+        self.chunk_len = self.chunk_stop - self.chunk_start
+        self._name_hash = stable_name_hash(name)
+        self._epochs: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+        self._windows: OrderedDict[tuple[int, int], _Window] = OrderedDict()
+        self._last: tuple[int, _Window] | None = None  # (epoch, window): the fast path of take
+
+    # -- chunks ---------------------------------------------------------------------------------
+    def chunk_ref(self, chunk_id: int, source_index: int = 0, job: str = "job") -> ChunkRef:
+        """The :class:`ChunkRef` of chunk ``chunk_id``."""
+        c = int(chunk_id)
+        if not 0 <= c < self.num_chunks:
+            raise PlanError(f"source {self.name!r} has {self.num_chunks} chunks, not chunk {c}")
+        return ChunkRef(self.name, int(source_index), int(self.chunk_shard[c]),
+                        int(self.chunk_start[c]), int(self.chunk_stop[c]), c, job)
+
+    def chunk_of(self, shard: int, row: int) -> int:
+        """The chunk id holding ``row`` of ``shard``."""
+        if not (0 <= shard < self.row_counts.size and 0 <= row < self.row_counts[shard]):
+            raise PlanError(f"source {self.name!r} has no row {row} in shard {shard}")
+        return int(self._first_chunk[shard] + row // self.chunk_rows)
+
+    # -- epochs and windows ---------------------------------------------------------------------
+    def epoch_of(self, cursor: int) -> int:
+        return int(cursor) // self.num_rows
+
+    def _epoch(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """Chunk permutation of ``epoch`` and the epoch positions where each window starts."""
+        cached = self._epochs.get(epoch)
+        if cached is not None:
+            return cached
+        rng = np.random.Generator(np.random.PCG64([self.seed, self._name_hash, epoch]))
+        perm = rng.permutation(self.num_chunks)
+        ends = np.cumsum(self.chunk_len[perm])
+        starts = np.concatenate([[0], ends[:-1]])
+        window_starts = np.append(starts[:: self.window], self.num_rows)
+        cached = (perm, window_starts)
+        self._epochs[epoch] = cached
+        if len(self._epochs) > 3:
+            self._epochs.popitem(last=False)
+        return cached
+
+    def _window_at(self, epoch: int, w: int) -> _Window:
+        cached = self._windows.get((epoch, w))
+        if cached is not None:
+            return cached
+        perm, window_starts = self._epoch(epoch)
+        chunks = perm[w * self.window : (w + 1) * self.window]
+        lengths = self.chunk_len[chunks]
+        total = int(lengths.sum())
+        chunk_ids = np.repeat(chunks, lengths)
+        offsets = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        rows = self.chunk_start[chunk_ids] + offsets
+        rng = np.random.Generator(np.random.PCG64([self.seed, self._name_hash, epoch, w]))
+        shuffle = rng.permutation(total)
+        chunk_ids = chunk_ids[shuffle]
+        shards, rows = self.chunk_shard[chunk_ids], rows[shuffle]
+        for array in (shards, rows, chunk_ids):
+            array.flags.writeable = False  # take() hands out views: nobody may change the cache
+        win = _Window(int(window_starts[w]), int(window_starts[w + 1]),
+                      shards, rows, chunk_ids)
+        self._windows[(epoch, w)] = win
+        if len(self._windows) > 4:
+            self._windows.popitem(last=False)
+        return win
+
+    # -- samples --------------------------------------------------------------------------------
+    def take(self, cursor: int, n: int) -> Taken:
+        """The ``n`` samples at positions ``cursor, cursor+1, ...`` (across epoch boundaries)."""
+        cursor, n = int(cursor), int(n)
+        if cursor < 0 or n < 0:
+            raise PlanError(f"source {self.name!r}: cursor {cursor} and count {n} must be >= 0")
+        epoch, pos = divmod(cursor, self.num_rows)
+        last = self._last
+        if last is not None and last[0] == epoch and last[1].lo <= pos and pos + n <= last[1].hi:
+            win = last[1]
+            a, b = pos - win.lo, pos - win.lo + n
+            return Taken(win.shards[a:b], win.rows[a:b], win.chunk_ids[a:b])
+        parts: list[Taken] = []
+        while n > 0:
+            _, window_starts = self._epoch(epoch)
+            w = int(np.searchsorted(window_starts, pos, side="right")) - 1
+            win = self._window_at(epoch, w)
+            self._last = (epoch, win)
+            a = pos - win.lo
+            b = min(win.hi - win.lo, a + n)
+            parts.append(Taken(win.shards[a:b], win.rows[a:b], win.chunk_ids[a:b]))
+            n -= b - a
+            pos += b - a
+            if pos >= self.num_rows:
+                epoch, pos = epoch + 1, 0
+        if len(parts) == 1:
+            return parts[0]
+        if not parts:
+            empty = np.zeros(0, dtype=np.int64)
+            return Taken(empty, empty, empty)
+        return Taken(*(np.concatenate(cols) for cols in zip(*parts)))
+
+    def sample_at(self, cursor: int) -> tuple[int, int]:
+        """``(shard, row)`` of the sample at ``cursor``."""
+        taken = self.take(cursor, 1)
+        return int(taken.shards[0]), int(taken.rows[0])
+
+    def chunks_for(self, cursor: int, n: int) -> np.ndarray:
+        """Ids of the chunks that hold the ``n`` samples from ``cursor`` on, in first-use order."""
+        ids = self.take(cursor, n).chunk_ids
+        _, first = np.unique(ids, return_index=True)
+        return ids[np.sort(first)]

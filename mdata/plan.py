@@ -1,0 +1,312 @@
+"""The declarative plan: what a job wants, composed from a few primitives.
+
+```
+plan = (
+    Plan(sources)                          # Source objects, or just names to explore without data
+    .mix({"web": 0.7, "code": 0.3})        # a dict, a schedule, or a metric-driven policy
+    .cost(AttentionCost())                 # per-sample cost model
+    .balance(micro_batches=4, max_tokens=16384, global_batch=512)
+    .distribute(ClientPlaceTree(dp=8, tp=4))
+    .broadcast_at("tp")
+    .seed(1234)
+)
+```
+
+A Plan is an immutable value: every call returns a new Plan, so a notebook can branch variants
+of one plan and compare their simulations. Each call validates its argument (and its combination
+with what is already set) and raises :class:`~mdata.errors.PlanError` saying what to change.
+``plan.simulate(steps, metadata)`` runs the Planner's own state machine on sample metadata, so what
+a notebook shows is what the cluster will do.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Callable
+
+from mdata.cost import AttentionCost
+from mdata.errors import PlanError
+from mdata.mesh import BroadcastAxis, ClientPlaceTree, _check_broadcast_axis
+from mdata.mixing import MixtureSchedule, as_schedule
+
+if TYPE_CHECKING:  # pragma: no cover
+    from mdata.simulate import SimulationResult
+
+__all__ = ["Plan", "BalanceSpec", "DEFAULT_CHUNK_ROWS"]
+
+#: Rows per chunk for sources given by name only (a Source object carries its own).
+DEFAULT_CHUNK_ROWS = 256
+
+
+@dataclass(frozen=True)
+class BalanceSpec:
+    """How each global step is packed: ``global_batch`` samples per step, ``micro_batches`` per
+    DP rank (at least), at most ``max_tokens`` tokens per micro-batch (longer samples are cut)."""
+
+    micro_batches: int
+    max_tokens: int
+    global_batch: int
+
+
+@dataclass(frozen=True)
+class _Config:
+    names: tuple[str, ...]
+    sources: tuple[Any, ...]  # Source objects or the names themselves
+    chunk_rows: tuple[int, ...]
+    mixture: MixtureSchedule | None = None
+    cost_model: Callable | None = None
+    balance: BalanceSpec | None = None
+    mesh: ClientPlaceTree | None = None
+    broadcast: BroadcastAxis = None
+    seed: int = 0
+    window: int = 4
+    shuffle_chunks: int = 4
+
+
+def _positive_int(what: str, value: object, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise PlanError(f"{what} must be an int >= {minimum}, got {value!r}")
+    return int(value)
+
+
+class Plan:
+    """An immutable, validated job description (see the module docstring)."""
+
+    __slots__ = ("_cfg",)
+
+    def __init__(self, sources: Sequence[Any] | Any) -> None:
+        if isinstance(sources, (str, bytes)) or not isinstance(sources, Sequence):
+            sources = [sources] if hasattr(sources, "name") or isinstance(sources, str) else sources
+        items = list(sources)
+        if not items:
+            raise PlanError("a Plan needs at least one source (a Source or a source name)")
+        names: list[str] = []
+        chunk_rows: list[int] = []
+        for i, src in enumerate(items):
+            name = src if isinstance(src, str) else getattr(src, "name", None)
+            if not isinstance(name, str) or not name:
+                raise PlanError(
+                    f"source {i} of the plan is {src!r}; give a Source or a non-empty source name"
+                )
+            if name in names:
+                raise PlanError(f"source {name!r} appears twice in the plan; names must be unique")
+            rows = DEFAULT_CHUNK_ROWS if isinstance(src, str) else getattr(src, "chunk_rows", None)
+            names.append(name)
+            chunk_rows.append(_positive_int(f"chunk_rows of source {name!r}", rows))
+        self._cfg = _Config(tuple(names), tuple(items), tuple(chunk_rows))
+
+    @classmethod
+    def _from(cls, cfg: _Config) -> "Plan":
+        plan = cls.__new__(cls)
+        plan._cfg = cfg
+        return plan
+
+    def _with(self, **changes: Any) -> "Plan":
+        return Plan._from(replace(self._cfg, **changes))
+
+    # -- primitives ----------------------------------------------------------------------------
+    def mix(self, mixture: MixtureSchedule | Mapping[str, float]) -> "Plan":
+        """Set the mixture: ``{source: weight}``, a schedule, or a :class:`MetricMixturePolicy`."""
+        schedule = as_schedule(mixture)
+        mentioned = schedule.sources()
+        if mentioned is not None:
+            unknown = sorted(set(mentioned) - set(self._cfg.names))
+            if unknown:
+                raise PlanError(
+                    f"mixture names unknown sources {unknown}; the plan's sources are "
+                    f"{list(self._cfg.names)}"
+                )
+            schedule.weights_vector(0, self._cfg.names)  # all-zero over the plan -> PlanError
+        return self._with(mixture=schedule)
+
+    def cost(self, model: Callable) -> "Plan":
+        """Set the per-sample cost model: ``model(num_tokens, num_patches) -> float64 costs``."""
+        if not callable(model):
+            raise PlanError(f"a cost model must be callable (num_tokens, num_patches), got {model!r}")
+        return self._with(cost_model=model)
+
+    def balance(self, *, micro_batches: int, max_tokens: int, global_batch: int) -> "Plan":
+        """Set packing: ``global_batch`` samples per step over the DP ranks, ``micro_batches`` per
+        rank, ``max_tokens`` per micro-batch (samples longer than that are truncated, and counted)."""
+        spec = BalanceSpec(
+            _positive_int("micro_batches", micro_batches),
+            _positive_int("max_tokens", max_tokens),
+            _positive_int("global_batch", global_batch),
+        )
+        _check_batch_fits(spec, self._cfg.mesh)
+        return self._with(balance=spec)
+
+    def distribute(self, mesh: ClientPlaceTree) -> "Plan":
+        """Set the trainers' mesh (DP x PP x CP x TP)."""
+        if not isinstance(mesh, ClientPlaceTree):
+            raise PlanError(f"distribute() takes a ClientPlaceTree, got {type(mesh).__name__}")
+        _check_batch_fits(self._cfg.balance, mesh)
+        return self._with(mesh=mesh)
+
+    def broadcast_at(self, axis: BroadcastAxis) -> "Plan":
+        """Who receives data in a DP group: every rank (None), TP rank 0 ("tp") or CP rank 0 ("cp")."""
+        _check_broadcast_axis(axis)
+        return self._with(broadcast=axis)
+
+    def seed(self, seed: int) -> "Plan":
+        """Seed of every source's order (and of tie-breaking in balancing)."""
+        return self._with(seed=_positive_int("seed", seed, minimum=0))
+
+    def window(self, steps: int) -> "Plan":
+        """How many steps ahead of the slowest consumer the Planner plans and loads."""
+        return self._with(window=_positive_int("window", steps))
+
+    def shuffle(self, window_chunks: int = 4) -> "Plan":
+        """Rows are shuffled within windows of this many consecutive chunks of a source."""
+        return self._with(shuffle_chunks=_positive_int("shuffle window_chunks", window_chunks))
+
+    # -- accessors -----------------------------------------------------------------------------
+    @property
+    def source_names(self) -> tuple[str, ...]:
+        """Source names in plan order; ``source_index`` in columnar data refers to this order."""
+        return self._cfg.names
+
+    @property
+    def sources(self) -> tuple[Any, ...]:
+        return self._cfg.sources
+
+    def source_index(self, name: str) -> int:
+        try:
+            return self._cfg.names.index(name)
+        except ValueError:
+            raise PlanError(f"unknown source {name!r}; the plan's sources are {list(self._cfg.names)}") from None
+
+    def chunk_rows(self, name: str) -> int:
+        return self._cfg.chunk_rows[self.source_index(name)]
+
+    @property
+    def mixture(self) -> MixtureSchedule:
+        if self._cfg.mixture is None:
+            raise PlanError("the plan has no mixture: call .mix({source: weight, ...}) first")
+        return self._cfg.mixture
+
+    @property
+    def cost_model(self) -> Callable:
+        return self._cfg.cost_model if self._cfg.cost_model is not None else AttentionCost()
+
+    @property
+    def balance_spec(self) -> BalanceSpec:
+        if self._cfg.balance is None:
+            raise PlanError(
+                "the plan has no batch shape: call .balance(micro_batches=M, max_tokens=T, "
+                "global_batch=N) first"
+            )
+        return self._cfg.balance
+
+    @property
+    def mesh(self) -> ClientPlaceTree:
+        return self._cfg.mesh if self._cfg.mesh is not None else ClientPlaceTree(dp=1)
+
+    @property
+    def broadcast(self) -> BroadcastAxis:
+        return self._cfg.broadcast
+
+    @property
+    def seed_value(self) -> int:
+        return self._cfg.seed
+
+    @property
+    def window_steps(self) -> int:
+        return self._cfg.window
+
+    @property
+    def shuffle_chunks(self) -> int:
+        return self._cfg.shuffle_chunks
+
+    def validate(self) -> "Plan":
+        """Raise PlanError unless the plan can run (mixture and batch shape set); returns self."""
+        _ = self.mixture, self.balance_spec
+        return self
+
+    # -- identity ------------------------------------------------------------------------------
+    def config(self) -> dict[str, Any]:
+        """JSON-safe description of everything that decides what each trainer receives."""
+        cfg = self._cfg
+        mesh = self.mesh
+        return {
+            "sources": [[n, r] for n, r in zip(cfg.names, cfg.chunk_rows)],
+            "mixture": None if cfg.mixture is None else cfg.mixture.config(),
+            "cost": repr(self.cost_model),
+            "balance": None if cfg.balance is None else [
+                cfg.balance.micro_batches, cfg.balance.max_tokens, cfg.balance.global_batch],
+            "mesh": [mesh.dp, mesh.pp, mesh.cp, mesh.tp, mesh.order],
+            "broadcast": cfg.broadcast,
+            "seed": cfg.seed,
+            "shuffle_chunks": cfg.shuffle_chunks,
+        }
+
+    def fingerprint(self) -> str:
+        """Stable hash of :meth:`config` (same in every process and run).
+
+        The planning window is left out on purpose: it changes how far ahead the Planner works,
+        never which sample goes where, so a job may resume with a different window.
+        """
+        text = json.dumps(self.config(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+    # -- exploration ---------------------------------------------------------------------------
+    def simulate(self, steps: int, metadata: Any, **kwargs: Any) -> "SimulationResult":
+        """Run the Planner's state machine for ``steps`` steps on sample metadata.
+
+        ``metadata``: ``{source: SourceMetadata}`` or a sequence of them. See
+        :func:`mdata.simulate.simulate` for the keyword arguments.
+        """
+        from mdata.simulate import simulate
+
+        return simulate(self, steps, metadata, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"Plan(sources={list(self._cfg.names)}, fingerprint={self.fingerprint()})"
+
+    def _repr_html_(self) -> str:
+        cfg = self._cfg
+        weights: list[str]
+        try:
+            vec = self.mixture.weights_vector(0, cfg.names)
+            weights = [f"{w:.3f}" for w in vec]
+        except PlanError:
+            weights = ["-"] * len(cfg.names)
+        rows = "".join(
+            f"<tr><td>{i}</td><td>{html.escape(n)}</td><td>{r}</td><td>{w}</td></tr>"
+            for i, (n, r, w) in enumerate(zip(cfg.names, cfg.chunk_rows, weights))
+        )
+        b = cfg.balance
+        settings = {
+            "mixture": type(cfg.mixture).__name__ if cfg.mixture else "(not set)",
+            "cost": repr(self.cost_model),
+            "balance": (f"{b.global_batch} samples/step, {b.micro_batches} micro-batches, "
+                        f"{b.max_tokens} tokens each") if b else "(not set)",
+            "mesh": self.mesh.describe(),
+            "broadcast_at": str(cfg.broadcast),
+            "seed": str(cfg.seed),
+            "window": f"{cfg.window} steps",
+            "shuffle": f"{cfg.shuffle_chunks} chunks",
+            "fingerprint": self.fingerprint(),
+        }
+        settings_rows = "".join(
+            f"<tr><th>{k}</th><td>{html.escape(v)}</td></tr>" for k, v in settings.items()
+        )
+        return (
+            "<div><strong>mdata Plan</strong><table><tr><th>#</th><th>source</th>"
+            f"<th>chunk rows</th><th>weight at step 0</th></tr>{rows}</table>"
+            f"<table>{settings_rows}</table></div>"
+        )
+
+
+def _check_batch_fits(spec: BalanceSpec | None, mesh: ClientPlaceTree | None) -> None:
+    if spec is None or mesh is None:
+        return
+    if spec.global_batch < mesh.dp:
+        raise PlanError(
+            f"global_batch={spec.global_batch} samples cannot feed {mesh.dp} DP ranks; every DP "
+            f"rank needs at least one sample per step: use global_batch >= {mesh.dp} or a smaller dp"
+        )
