@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import fsspec
+import numpy as np
 
 from mdata.errors import RowRangeError, SourceError, SourceNotFoundError
 
@@ -53,7 +54,9 @@ class SourceListing:
         return len(self.shards)
 
     def shard(self, index: int) -> ShardInfo:
-        """The shard at ``index``; raises :class:`RowRangeError` naming the valid range."""
+        """The shard at ``index`` (an int or numpy integer); raises :class:`RowRangeError` if absent."""
+        if isinstance(index, np.integer):
+            index = int(index)
         if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(self.shards):
             raise RowRangeError(
                 f"shard index {index!r} is outside the listing of {len(self.shards)} shards",

@@ -51,6 +51,7 @@ def load_chunk(
     began = time.perf_counter()
     cache = cache if cache is not None else default_reader_cache()
     info = cache.listing(source).shard(shard)
+    shard = info.index  # a plain int from here on (the Planner may pass numpy integers)
     _check_range(source, info.path, info.num_rows, start, stop)
     start, stop = int(start), int(stop)
     transform = source.transform

@@ -347,18 +347,25 @@ class ReaderCache:
         self._lock = threading.Lock()
         self._listings: dict[tuple, _Listed] = {}
         self._readers: OrderedDict[tuple, ShardReader] = OrderedDict()
+        self._opening: dict[tuple, threading.Lock] = {}
         self._opens = self._hits = self._evictions = 0
 
     def _listed(self, source: "Source") -> _Listed:
         key = source.cache_key
         with self._lock:
             entry = self._listings.get(key)
-        if entry is None:
-            from mdata.sources.listing import list_shards_resolved
-
-            entry = _Listed(*list_shards_resolved(source))
+            if entry is not None:
+                return entry
+            listing_lock = self._opening.setdefault(("listing",) + key, threading.Lock())
+        with listing_lock:  # racing threads list a source once
             with self._lock:
-                entry = self._listings.setdefault(key, entry)
+                entry = self._listings.get(key)
+            if entry is None:
+                from mdata.sources.listing import list_shards_resolved
+
+                entry = _Listed(*list_shards_resolved(source))
+                with self._lock:
+                    self._listings[key] = entry
         return entry
 
     def listing(self, source: "Source") -> "SourceListing":
@@ -369,28 +376,40 @@ class ReaderCache:
         """The open reader of shard ``shard`` (index in the listing), opening it on first use."""
         listed = self._listed(source)
         info = listed.listing.shard(shard)
+        shard = info.index
         key = (source.cache_key, shard)
+        reader = self._hit(key)
+        if reader is not None:
+            return reader
+        # Open outside the cache lock (a remote open takes tens of ms and must not block other
+        # shards) but under a per-shard lock, so racing threads open the shard once, not twice.
+        with self._lock:
+            opening = self._opening.setdefault(key, threading.Lock())
+        with opening:
+            reader = self._hit(key)
+            if reader is not None:
+                return reader
+            reader = reader_class(source.format)(source, listed.fs, listed.paths[shard], info)
+            evicted: list[ShardReader] = []
+            with self._lock:
+                self._opens += 1
+                self._readers[key] = reader
+                while len(self._readers) > self.max_readers:
+                    old_key, old = self._readers.popitem(last=False)
+                    self._opening.pop(old_key, None)
+                    evicted.append(old)
+                    self._evictions += 1
+        for r in evicted:
+            r.close()
+        return reader
+
+    def _hit(self, key: tuple) -> ShardReader | None:
         with self._lock:
             reader = self._readers.get(key)
             if reader is not None:
                 self._readers.move_to_end(key)
                 self._hits += 1
-                return reader
-        # Open outside the lock: a remote open takes tens of ms and must not block other shards.
-        fresh = reader_class(source.format)(source, listed.fs, listed.paths[shard], info)
-        evicted: list[ShardReader] = []
-        with self._lock:
-            self._opens += 1
-            reader = self._readers.setdefault(key, fresh)
-            self._readers.move_to_end(key)
-            while len(self._readers) > self.max_readers:
-                evicted.append(self._readers.popitem(last=False)[1])
-                self._evictions += 1
-        if reader is not fresh:  # another thread opened it meanwhile
-            evicted.append(fresh)
-        for r in evicted:
-            r.close()
-        return reader
+            return reader
 
     def stats(self) -> ReaderCacheStats:
         """Current counters."""
@@ -408,6 +427,7 @@ class ReaderCache:
         with self._lock:
             readers = list(self._readers.values())
             self._readers.clear()
+            self._opening.clear()
             self._listings.clear()
         for r in readers:
             r.close()

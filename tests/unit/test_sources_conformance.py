@@ -216,6 +216,21 @@ class TestLoadImages:
 
         assert np.array_equal(chunk.image(0), as_array(images[0]))
 
+    def test_jsonl_base64_images_match_parquet(self, store):
+        images, captions = image_rows(3)
+        write_parquet(store, "img.parquet", {"image": images, "caption": captions})
+        write_jsonl(store, "img.jsonl", [{"image": b, "caption": c} for b, c in zip(images, captions)],
+                    binary=("image",))
+        jsonl = Source("photos", store.url("*.jsonl"), format="jsonl", transform=DecodeImageCaption(),
+                       storage_options=store.storage_options)
+        cache = ReaderCache()
+
+        a = load_chunk(self.source(store), 0, 0, 3, cache=cache)
+        b = load_chunk(jsonl, 0, 0, 3, cache=cache)
+
+        assert np.array_equal(a.pixels, b.pixels) and np.array_equal(a.image_shapes, b.image_shapes)
+        assert np.array_equal(a.token_ids, b.token_ids)
+
     def test_undecodable_image_raises_image_decode_error_naming_the_row(self, store):
         images, captions = image_rows(3)
         images[1] = images[1][:40]  # JPEG cut inside its header
