@@ -602,8 +602,8 @@ class PlannerState:
         out: list[Instruction] = []
         for k in keys:
             c = self._chunks.get(k)
-            if c is None or c.worker not in (ev.worker, None):
-                continue
+            if c is None or c.worker != ev.worker:
+                continue  # released already, or its reload is under way elsewhere
             c.worker = None
             # the cost features stay valid (a reload reads the same rows), so planning goes on;
             # the constructor waits on the reloaded task
@@ -631,11 +631,18 @@ class PlannerState:
         if len(group) == len(self._receivers[dp]):
             st.groups_done += 1
             out.append(ReleaseBatch(ev.step, dp, stimulus_id=ev.stimulus_id))
+        done: list[_Step] = []
         while (st := self._steps.get(self.consumed_step)) is not None and st.groups_done == self.mesh.dp:
-            for k in st.chunks:
-                out.extend(self._unneed(k, st.step, ev.stimulus_id))
-            del self._steps[self.consumed_step]
+            done.append(self._steps.pop(self.consumed_step))
             self.consumed_step += 1
+        if done:
+            # plan the steps that entered the window before releasing chunks, so a chunk the
+            # next steps share with the finished ones stays loaded instead of being reloaded
+            while self.planned_step < self.consumed_step + self.window:
+                self._apportion(ev.stimulus_id, out)
+            for st in done:
+                for k in st.chunks:
+                    out.extend(self._unneed(k, st.step, ev.stimulus_id))
         return out
 
     def _on_tick(self, ev: Tick) -> list[Instruction]:

@@ -1,0 +1,234 @@
+"""PlannerState: events in, exact instructions out."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mdata.errors import TrainerError
+from mdata.mesh import ClientPlaceTree
+from mdata.order import SourceOrder
+from mdata.plan import Plan
+from mdata.planner_state import (
+    BatchConsumed, ChunkFailed, ChunkLoaded, ConstructBatch, JobFailed, LoadChunk, PlannerState,
+    PoolTarget, ReleaseBatch, ReleaseChunk, StepReady, Tick, WorkerLost,
+)
+from mdata.pool_demand import PoolSizer
+
+from planner_driver import Driver, lognormal_metadata
+
+
+class Src:
+    """A source spec as the plan sees it: a name and rows per chunk."""
+
+    def __init__(self, name, chunk_rows):
+        self.name, self.chunk_rows = name, chunk_rows
+
+
+def tiny(window=1, dp=2, batch=2, tp=1, broadcast=None, max_tokens=100):
+    plan = (Plan([Src("a", 3)]).mix({"a": 1}).balance(micro_batches=1, max_tokens=max_tokens,
+                                                      global_batch=batch)
+            .distribute(ClientPlaceTree(dp=dp, tp=tp)).broadcast_at(broadcast).window(window)
+            .shuffle(1))
+    return plan, PlannerState(plan, {"a": [6]}, job="j")
+
+
+def order():
+    return SourceOrder([6], 3, seed=0, name="a", window=1)
+
+
+def loaded(ref, tokens=None, skipped=(), worker="w1", sid=None, duration=0.0):
+    rows = np.array([r for r in range(ref.start, ref.stop) if r not in skipped], np.int64)
+    tok = np.array([10 + r for r in rows] if tokens is None else tokens, np.int32)
+    return ChunkLoaded(ref, rows, tok, None, list(skipped), worker, duration,
+                       stimulus_id=sid or f"loaded-{ref.chunk_id}")
+
+
+def test_first_tick_loads_exactly_the_chunks_of_the_window():
+    _, state = tiny(window=1)
+    out = state.handle(Tick(stimulus_id="t0"))
+    o = order()
+    first = o.take(0, 2)
+    expected = [LoadChunk(o.chunk_ref(c, 0, "j"), stimulus_id="t0")
+                for c in dict.fromkeys(sorted(first.chunk_ids.tolist()))]
+    assert out == expected
+    assert out[0].chunk.key == ("mdata-load", "j", "a", 0, out[0].chunk.start)
+
+
+def test_loaded_chunk_makes_the_step_ready_with_exact_samples():
+    _, state = tiny(window=1)
+    (load,) = state.handle(Tick(stimulus_id="t0"))
+    out = state.handle(loaded(load.chunk, sid="L"))
+    assert [type(i) for i in out] == [ConstructBatch, ConstructBatch, StepReady]
+    assert [(i.step, i.dp_rank, i.stimulus_id) for i in out[:2]] == [(0, 0, "L"), (0, 1, "L")]
+    taken = order().take(0, 2)
+    got = sorted(out[0].samples.ids(["a"]) + out[1].samples.ids(["a"]))
+    assert got == sorted(("a", 0, int(r)) for r in taken.rows)
+    for ins in out[:2]:
+        s = ins.samples
+        assert len(s) == 1 and s.chunks == (load.chunk,)
+        assert s.index.tolist() == [int(s.row[0]) - load.chunk.start]
+        assert s.num_tokens.tolist() == [10 + int(s.row[0])]
+    summary = out[2].summary
+    assert summary.counts.tolist() == [2] and summary.tokens.tolist() == [20 + int(taken.rows.sum())]
+    assert summary.per_rank_cost.shape == (2,)
+
+
+def test_same_events_give_the_same_instructions():
+    def play():
+        _, state = tiny(window=2)
+        out = state.handle(Tick(stimulus_id="t"))
+        for ins in list(out):
+            out += state.handle(loaded(ins.chunk))
+        return out
+
+    a, b = play(), play()
+    assert a == b and len(a) > 4
+
+
+def test_backpressure_release_and_window_advance():
+    _, state = tiny(window=1)
+    (load,) = state.handle(Tick(stimulus_id="t0"))
+    state.handle(loaded(load.chunk))
+    assert state.planned_step == 1 and state.balanced_step == 1
+    assert state.handle(Tick(stimulus_id="t1")) == []  # nothing beyond the window
+    out = state.handle(BatchConsumed(0, 0, stimulus_id="c0"))
+    assert out == [ReleaseBatch(0, 0, stimulus_id="c0")]
+    out = state.handle(BatchConsumed(0, 1, stimulus_id="c1"))
+    # step 0 done: its chunk is released unless step 1 needs it, and step 1 is planned
+    o = order()
+    step1_chunks = set(o.take(2, 2).chunk_ids.tolist())
+    assert out[0] == ReleaseBatch(0, 1, stimulus_id="c1")
+    released = [i.chunk.chunk_id for i in out if isinstance(i, ReleaseChunk)]
+    loads = [i.chunk.chunk_id for i in out if isinstance(i, LoadChunk)]
+    assert released == ([] if load.chunk.chunk_id in step1_chunks else [load.chunk.chunk_id])
+    assert sorted(loads) == sorted(step1_chunks - {load.chunk.chunk_id})
+    assert state.consumed_step == 1 and state.planned_step == 2
+
+
+def test_broadcast_at_tp_releases_a_group_when_tp_rank_0_consumed():
+    _, state = tiny(window=1, dp=1, batch=2, tp=2, broadcast="tp")
+    (load,) = state.handle(Tick(stimulus_id="t0"))
+    state.handle(loaded(load.chunk))
+    assert state.handle(BatchConsumed(0, 1, stimulus_id="c1")) == []  # TP rank 1: broadcast
+    out = state.handle(BatchConsumed(0, 0, stimulus_id="c0"))
+    assert out[0] == ReleaseBatch(0, 0, stimulus_id="c0") and state.consumed_step == 1
+
+
+def test_unknown_rank_and_unplanned_step_are_trainer_errors():
+    _, state = tiny(window=1)
+    state.handle(Tick(stimulus_id="t0"))
+    with pytest.raises(TrainerError, match="rank 9 is not in the mesh"):
+        state.handle(BatchConsumed(0, 9, stimulus_id="x"))
+    with pytest.raises(TrainerError, match="consuming step 0, which is not planned yet"):
+        state.handle(BatchConsumed(0, 0, stimulus_id="x"))
+
+
+def test_skipped_rows_are_passed_over_and_counted():
+    _, state = tiny(window=1, dp=1, batch=2)
+    o = order()
+    (load,) = state.handle(Tick(stimulus_id="t0"))
+    first = o.take(0, 2)
+    bad = int(first.rows[0])  # the first sample in order is bad
+    out = state.handle(loaded(load.chunk, skipped=(bad,)))
+    extra = [i for i in out if isinstance(i, LoadChunk)]
+    for ins in extra:  # the replacement may live in another chunk
+        out += state.handle(loaded(ins.chunk))
+    (batch,) = [i for i in out if isinstance(i, ConstructBatch)]
+    (ready,) = [i for i in out if isinstance(i, StepReady)]
+    expected = [int(r) for r in o.take(0, 3).rows if int(r) != bad][:2]
+    assert sorted(batch.samples.row.tolist()) == sorted(expected)
+    assert state.skipped.tolist() == [1] and ready.summary.skipped == 1
+    rep = state.dgraph.verify_exactly_once(0, 1)
+    assert rep.skipped == 1 and rep.samples == 2
+
+
+def test_truncation_is_counted():
+    _, state = tiny(window=1, dp=1, batch=2, max_tokens=12)
+    (load,) = state.handle(Tick(stimulus_id="t0"))
+    out = state.handle(loaded(load.chunk, tokens=[50, 5, 7][: load.chunk.num_rows]))
+    (batch,) = [i for i in out if isinstance(i, ConstructBatch)]
+    assert batch.samples.num_tokens.max() <= 12
+    n_long = sum(1 for r in batch.samples.row.tolist() if [50, 5, 7][r - load.chunk.start] > 12)
+    assert state.truncated == n_long and out[-1].summary.truncated == n_long
+
+
+def test_chunk_failure_fails_the_job_naming_the_rows():
+    _, state = tiny(window=1)
+    (load,) = state.handle(Tick(stimulus_id="t0"))
+    (failed,) = state.handle(ChunkFailed(load.chunk, "CorruptShardError: bad footer",
+                                         stimulus_id="f"))
+    r = load.chunk
+    assert failed == JobFailed(
+        f"loading source 'a', shard 0, rows {r.start}-{r.stop} failed: CorruptShardError: bad "
+        "footer. Fix or remove the shard, or raise the source's skip_tolerance if single samples "
+        "are bad", stimulus_id="f")
+    assert state.handle(loaded(load.chunk)) == []  # a failed job plans nothing more
+
+
+def test_worker_lost_reloads_only_needed_chunks():
+    _, state = tiny(window=1)
+    (load,) = state.handle(Tick(stimulus_id="t0"))
+    state.handle(loaded(load.chunk, worker="w1"))
+    out = state.handle(WorkerLost("w1", stimulus_id="lost"))
+    assert out == [LoadChunk(load.chunk, stimulus_id="lost")]
+    # a second loss report while the reload is under way does not load it twice
+    assert state.handle(WorkerLost("w2", (load.chunk,), stimulus_id="lost2")) == []
+    state.handle(loaded(load.chunk, worker="w3"))
+    state.handle(BatchConsumed(0, 0, stimulus_id="c0"), BatchConsumed(0, 1, stimulus_id="c1"))
+    held = {c.key for c in state.chunk_refs()}
+    out = state.handle(WorkerLost("w3", (load.chunk,), stimulus_id="lost3"))
+    # only chunks a planned step still needs come back
+    assert out == ([LoadChunk(load.chunk, stimulus_id="lost3")] if load.chunk.key in held else [])
+
+
+def test_pool_targets_follow_demand_with_hysteresis():
+    sizer = PoolSizer(("a",), headroom=1.0, down_after=2)
+    sizer.observe_load(0, 100, 1.0)  # 10 ms per sample
+    sizer.observe_progress(0.0, 0)
+    sizer.observe_progress(10.0, 1000)  # 100 steps/s
+    (up,) = sizer.decide(np.array([1.0]), 4)  # 4 samples x 100 steps/s x 10 ms = 4 threads
+    assert (up.source, up.workers) == ("a", 4)
+    assert up.reason == ("a: 100.0% of 4 samples/step x 100 steps/s x 10 ms/sample = 4 busy "
+                         "threads; x1 headroom / 1 threads per worker -> start with 4 workers")
+    assert sizer.decide(np.array([0.5]), 4) == []  # one low decision is not enough
+    (down,) = sizer.decide(np.array([0.5]), 4)
+    assert down.workers == 2 and "scale down from 4 to 2" in down.reason
+
+
+def test_tick_emits_pool_targets_from_measured_loads():
+    _, state = tiny(window=1, dp=1)
+    (load,) = state.handle(Tick(now=0.0, stimulus_id="t0"))
+    state.handle(loaded(load.chunk, duration=0.3))  # 3 rows, 100 ms per sample
+    state.handle(BatchConsumed(0, 0, stimulus_id="c"))
+    out = state.handle(Tick(now=1.0, stimulus_id="t1"))
+    targets = [i for i in out if isinstance(i, PoolTarget)]
+    # 1 step/s x 2 samples x 0.1 s = 0.2 busy threads x 1.25 -> 1 worker
+    assert [(t.source, t.workers) for t in targets] == [("a", 1)]
+
+
+def test_log_is_bounded_and_queryable():
+    plan, _ = tiny(window=2)
+    state = PlannerState(plan, {"a": [6]}, job="j", log_size=3)
+    meta = {"a": lognormal_metadata("a", 1, 6, 3.0, seed=0)}
+    Driver(state, meta).run(4)
+    assert len(state.log) == 3
+    sid, event, instructions = state.log[-1]
+    assert state.story(sid)[-1] == (sid, event, instructions)
+
+
+def test_large_mesh_driver_run_is_exactly_once():
+    meta = {"web": lognormal_metadata("web", 4, 500, 6.0, seed=4, bad_every=13),
+            "code": lognormal_metadata("code", 2, 90, 7.0, seed=5)}
+    plan = (Plan(["web", "code"]).mix({"web": 3, "code": 1})
+            .balance(micro_batches=2, max_tokens=8192, global_batch=64)
+            .distribute(ClientPlaceTree(dp=8, pp=2, tp=2)).window(2))
+    state = PlannerState(plan, meta)
+    Driver(state, meta).run(12)
+    rep = state.dgraph.verify_exactly_once(0, 12)
+    assert rep.ok, rep.problems
+    assert rep.samples == 12 * 64 and rep.skipped > 0
+    whole = state.dgraph.verify_exactly_once(0, state.balanced_step)  # steps planned ahead too
+    assert whole.ok and whole.skipped == int(state.skipped.sum())
+    # every chunk still held is needed by a step not yet consumed
+    assert state.chunks_in_memory <= len(state.chunk_refs())
