@@ -266,9 +266,12 @@ class DGraph:
         events.sort(key=lambda e: e[0])
         return [e for _, e in events]
 
-    def verify_exactly_once(self, start: int, stop: int) -> ExactlyOnceReport:
+    def verify_exactly_once(
+        self, start: int, stop: int, *, require_consumed: bool = True
+    ) -> ExactlyOnceReport:
         """Check steps ``[start, stop)``: per source, the planned and skipped order positions form
-        one gap-free run without repeats, and every rank of each DP group consumed its batch."""
+        one gap-free run without repeats, and (with ``require_consumed``) every rank of each DP
+        group consumed its batch."""
         t = self.samples_table
         ranges = [self._step_ranges[s] for s in range(start, stop) if s in self._step_ranges]
         missing = [s for s in range(start, stop) if s not in self._step_ranges]
@@ -296,7 +299,7 @@ class DGraph:
                 report.problems.append(
                     f"source {name!r}: order positions {(cur[gaps] + 1)[:5].tolist()} were "
                     "passed over without being planned or skipped")
-        if self._group_ranks is not None:
+        if require_consumed and self._group_ranks is not None:
             ev = self.rank_events
             consumed = ev.column("kind") == _CONSUMED
             seen = set(zip(ev.column("step")[consumed].tolist(), ev.column("rank")[consumed].tolist()))

@@ -228,7 +228,7 @@ def test_large_mesh_driver_run_is_exactly_once():
     rep = state.dgraph.verify_exactly_once(0, 12)
     assert rep.ok, rep.problems
     assert rep.samples == 12 * 64 and rep.skipped > 0
-    whole = state.dgraph.verify_exactly_once(0, state.balanced_step)  # steps planned ahead too
+    whole = state.dgraph.verify_exactly_once(0, state.balanced_step, require_consumed=False)  # steps planned ahead too
     assert whole.ok and whole.skipped == int(state.skipped.sum())
     # every chunk still held is needed by a step not yet consumed
     assert state.chunks_in_memory <= len(state.chunk_refs())
