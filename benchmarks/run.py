@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import json
 import sys
 import time
@@ -43,7 +44,13 @@ def main(argv: list[str] | None = None) -> int:
             not_measured[name] = f"module not available: {exc}"
             continue
         try:
-            figures.update(module.run(quick=args.quick))
+            kwargs = {}
+            if "lengths" in inspect.signature(module.run).parameters:
+                # Real token lengths of the example corpus (benchmarks/workload.py), not synthetic.
+                from benchmarks.workload import corpus_profile
+
+                kwargs["lengths"] = corpus_profile().lengths()
+            figures.update(module.run(quick=args.quick, **kwargs))
         except Exception as exc:  # one failing benchmark must not hide the others' figures
             traceback.print_exc()
             not_measured[name] = f"{type(exc).__name__}: {exc}"

