@@ -24,7 +24,7 @@ and seeds.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -80,16 +80,19 @@ class SourceStream:
     The chunks of every epoch are permuted with a seed derived from ``(seed, source_index,
     epoch)``; stream ``index`` takes chunks ``index, index + num_streams, ...`` of the endless
     sequence (wrapping into later epochs, so a small source still feeds every worker).
+    ``load`` is :func:`~mdata.sources.load_chunk` unless a study replays cached cost features.
     """
 
     def __init__(self, source: Source, source_index: int, *, index: int, num_streams: int,
-                 seed: int, cache: ReaderCache) -> None:
+                 seed: int, cache: ReaderCache,
+                 load: Callable[..., SampleChunk] = load_chunk) -> None:
         self.source = source
         self.source_index = source_index
         self.index = index
         self.num_streams = num_streams
         self.seed = seed
         self.cache = cache
+        self.load = load
         self._chunks: list[tuple[int, int, int]] | None = None
         self._position = index
         self._rng = np.random.default_rng((seed, source_index, index, 1))
@@ -117,7 +120,7 @@ class SourceStream:
     def _refill(self) -> None:
         shard, start, stop = self._chunk_at(self._position)
         self._position += self.num_streams
-        chunk: SampleChunk = load_chunk(self.source, shard, start, stop, cache=self.cache)
+        chunk: SampleChunk = self.load(self.source, shard, start, stop, cache=self.cache)
         order = self._rng.permutation(len(chunk))
         self._buffer = [
             Sample(self.source_index, chunk.shard, int(chunk.rows[i]), chunk.tokens(int(i)),
