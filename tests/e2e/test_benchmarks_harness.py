@@ -1,0 +1,46 @@
+"""The benchmark harness end to end: ``benchmarks/run.py --quick`` in a subprocess writes JSON.
+
+Checks that the mixture and balance modules run on the real example corpus through the harness
+and report their named figures side by side (mdata, baseline, ratio). Speeds are never asserted
+here; what is asserted is the shape of the report and properties that hold on any machine.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_quick_run_reports_mixture_and_balance_figures(tmp_path: Path) -> None:
+    out = tmp_path / "figures.json"
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/run.py", "--quick", "--only", "mixture", "balance",
+         "--json", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=280,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    figures = json.loads(out.read_text())
+    assert figures["_quick"] is True
+    assert figures["_not_measured"] == {}
+
+    for name in ("mixture.max_abs_deviation", "mixture.cumulative_abs_deviation",
+                 "mixture.max_abs_deviation_vs_torchdata", "mixture.makespan_vs_lb"):
+        assert isinstance(figures[name], float), name
+        assert isinstance(figures[f"{name}.baseline"], float), name
+    # Exact apportionment with carry: every step within 2 samples of its target, the run within one.
+    assert figures["mixture.max_abs_deviation"] < 2 / 256
+    # A makespan never beats its lower bound.
+    assert figures["mixture.makespan_vs_lb"] >= 1.0
+    assert figures["mixture.makespan_vs_lb.baseline"] >= 1.0
+
+    # balance.py was fed the corpus's real token lengths (run.py passes workload.py's profile),
+    # so its figures carry no "_synthetic" suffix.
+    for context in ("16k", "32k"):
+        assert figures[f"balance.makespan_vs_lb_{context}"] >= 1.0
+        assert f"balance.speedup_vs_token_budget_baseline_{context}" in figures
+    assert not [k for k in figures if k.endswith("_synthetic")]
+    assert "| mixture.max_abs_deviation |" in proc.stdout
