@@ -126,7 +126,9 @@ class DGraph:
         self._group_ranks = group_ranks
         self.samples_table = ColumnTable(_SAMPLE_COLUMNS, capacity=4096)
         self.loads = ColumnTable(_LOAD_COLUMNS)
-        self.rank_events = ColumnTable(_RANK_COLUMNS)
+        self._rank_events = ColumnTable(_RANK_COLUMNS)
+        # thousands of ranks report every step: buffer those rows in lists, flush on query
+        self._rank_buffer: list[tuple[int, int, int, int, int]] = []
         self.skips = ColumnTable(_SKIP_COLUMNS)
         self._workers: list[str] = []
         self._worker_index: dict[str, int] = {}
@@ -183,14 +185,23 @@ class DGraph:
 
     def record_delivered(self, step: int, dp_rank: int, ranks: Sequence[int]) -> None:
         """The batch of ``(step, dp_rank)`` was handed to trainer ``ranks``."""
-        ranks = np.asarray(ranks, dtype=np.int32)
-        self.rank_events.append(step=step, dp_rank=dp_rank, rank=ranks, kind=_DELIVERED,
-                                seq=self._next_seq())
+        seq = self._next_seq()
+        self._rank_buffer.extend((step, dp_rank, int(r), _DELIVERED, seq) for r in ranks)
 
     def record_consumed(self, step: int, dp_rank: int, rank: int) -> None:
         """Trainer ``rank`` (of DP group ``dp_rank``) consumed its batch of ``step``."""
-        self.rank_events.append(step=step, dp_rank=dp_rank, rank=rank, kind=_CONSUMED,
-                                seq=self._next_seq())
+        self._seq += 1
+        self._rank_buffer.append((step, dp_rank, rank, _CONSUMED, self._seq))
+
+    @property
+    def rank_events(self) -> ColumnTable:
+        """Delivery and consumption rows: step, dp_rank, rank, kind (0 delivered, 1 consumed), seq."""
+        if self._rank_buffer:
+            cols = np.array(self._rank_buffer, dtype=np.int64).T
+            self._rank_buffer = []
+            self._rank_events.append(step=cols[0], dp_rank=cols[1], rank=cols[2], kind=cols[3],
+                                     seq=cols[4])
+        return self._rank_events
 
     # -- queries --------------------------------------------------------------------------------
     def samples(self, step: int, dp_rank: int | None = None) -> np.ndarray:

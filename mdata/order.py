@@ -224,6 +224,20 @@ class SourceOrder:
             return Taken(empty, empty, empty)
         return Taken(*(np.concatenate(cols) for cols in zip(*parts)))
 
+    def window_span(self, cursor: int) -> tuple[int, int, frozenset[int]]:
+        """The shuffle window holding ``cursor``: its first and one-past-last cursor positions
+        (absolute, in the infinite sequence) and the ids of its chunks.
+
+        Samples keep coming from these chunks until the cursor leaves the window, so the Planner
+        holds them loaded that long instead of reloading them for every step.
+        """
+        epoch, pos = divmod(int(cursor), self.num_rows)
+        perm, window_starts = self._epoch(epoch)
+        w = int(np.searchsorted(window_starts, pos, side="right")) - 1
+        base = epoch * self.num_rows
+        chunks = frozenset(perm[w * self.window : (w + 1) * self.window].tolist())
+        return base + int(window_starts[w]), base + int(window_starts[w + 1]), chunks
+
     def sample_at(self, cursor: int) -> tuple[int, int]:
         """``(shard, row)`` of the sample at ``cursor``."""
         taken = self.take(cursor, 1)

@@ -425,6 +425,11 @@ class PlannerState:
         self._task_keys: dict[tuple, int] = {}
         self._worker_chunks: dict[str, dict[int, None]] = {}
         self._store = _Store(max(plan.chunk_rows(n) for n in self.names))
+        # chunks no planned step needs but whose shuffle window the source has not left yet:
+        # later steps will draw from them again, so they stay loaded (no reload churn)
+        self._held: list[dict[int, None]] = [{} for _ in range(S)]
+        self._win_end = np.zeros(S, np.int64)  # where each source's current window ends
+        self._win_chunks: list[frozenset[int]] = [frozenset()] * S
         self.skipped = np.zeros(S, np.int64)
         self.truncated = 0
         self.failed: str | None = None
@@ -520,7 +525,12 @@ class PlannerState:
             return []
         sid = ev.stimulus_id
         try:
-            if isinstance(ev, ChunkLoaded):
+            if type(ev) is BatchConsumed:  # thousands per step: skip planning unless it freed a step
+                before = self.consumed_step
+                out = self._on_consumed(ev)
+                if self.consumed_step == before:
+                    return out
+            elif isinstance(ev, ChunkLoaded):
                 out = self._on_chunk_loaded(ev)
             elif isinstance(ev, BatchConsumed):
                 out = self._on_consumed(ev)
@@ -604,6 +614,10 @@ class PlannerState:
             c = self._chunks.get(k)
             if c is None or c.worker != ev.worker:
                 continue  # released already, or its reload is under way elsewhere
+            if not c.needed_by:  # only held for its window: forget it, a later step reloads it
+                self._held[k >> _SHIFT].pop(k, None)
+                out.extend(self._drop(k, c, ev.stimulus_id))
+                continue
             c.worker = None
             # the cost features stay valid (a reload reads the same rows), so planning goes on;
             # the constructor waits on the reloaded task
@@ -661,6 +675,8 @@ class PlannerState:
             c = self._chunks[key] = _Chunk(ref)
             self._task_keys[ref.key] = key
             out.append(LoadChunk(ref, stimulus_id=sid))
+        elif not c.needed_by:
+            self._held[key >> _SHIFT].pop(key, None)
         c.needed_by[step] = None
         return c
 
@@ -671,6 +687,13 @@ class PlannerState:
         c.needed_by.pop(step, None)
         if c.needed_by:
             return []
+        i = key >> _SHIFT
+        if (key & _MASK) in self._win_chunks[i]:
+            self._held[i][key] = None
+            return []
+        return self._drop(key, c, sid)
+
+    def _drop(self, key: int, c: _Chunk, sid: str) -> list[Instruction]:
         del self._chunks[key]
         self._task_keys.pop(c.ref.key, None)
         if c.worker is not None:
@@ -736,6 +759,18 @@ class PlannerState:
         self._last_weights = weights
         src, _, _, chunk, _ = st.taken
         self._register(st, (src << _SHIFT) | chunk, sid, out)
+        self._roll_windows(sid, out)  # after registering: this step may still use the old window
+
+    def _roll_windows(self, sid: str, out: list[Instruction]) -> None:
+        """Sources whose planned cursor left its shuffle window let go of that window's chunks."""
+        for i in np.flatnonzero(self._pcur >= self._win_end).tolist():
+            _, end, chunks = self.orders[i].window_span(int(self._pcur[i]))
+            self._win_end[i] = end
+            self._win_chunks[i] = chunks
+            held = self._held[i]
+            for key in [k for k in held if (k & _MASK) not in chunks]:
+                del held[key]
+                out.extend(self._drop(key, self._chunks[key], sid))
 
     def _gather(self, src: np.ndarray, row: np.ndarray, chunk: np.ndarray):
         """Index within chunk, tokens, patches of samples whose chunks are all loaded."""
@@ -886,3 +921,4 @@ class PlannerState:
             self._register(st, np.fromiter(new, np.int64, len(new)), sid, out)
         for t, key in stale:
             out.extend(self._unneed(key, t, sid))
+        self._roll_windows(sid, out)

@@ -232,3 +232,23 @@ def test_large_mesh_driver_run_is_exactly_once():
     assert whole.ok and whole.skipped == int(state.skipped.sum())
     # every chunk still held is needed by a step not yet consumed
     assert state.chunks_in_memory <= len(state.chunk_refs())
+
+
+def test_chunks_stay_loaded_while_their_shuffle_window_is_in_use():
+    """Few samples per step from a window of several chunks: each chunk loads once per epoch,
+    and is released once the source's cursor has left its window."""
+    meta = {"web": lognormal_metadata("web", 2, 512, 6.0, seed=8),
+            "code": lognormal_metadata("code", 1, 512, 6.0, seed=9)}
+    plan = (Plan([Src("web", 32), Src("code", 32)]).mix({"web": 1, "code": 1})
+            .balance(micro_batches=1, max_tokens=8192, global_batch=4)
+            .distribute(ClientPlaceTree(dp=2)).window(2).shuffle(4))
+    state = PlannerState(plan, meta)
+    driver = Driver(state, meta).run(200)  # 400 samples per source: inside the first epoch
+    loads = [i.chunk.key for i in driver.instructions if isinstance(i, LoadChunk)]
+    releases = [i.chunk.key for i in driver.instructions if isinstance(i, ReleaseChunk)]
+    assert len(loads) == len(set(loads))
+    assert set(releases) <= set(loads) and len(releases) == len(set(releases))
+    # at most the current window (4 chunks) plus the next per source is held
+    assert state.chunks_in_memory <= 2 * 2 * 4
+    # 400 of 1024/512 rows consumed: web (2 shards x 16 chunks) and code (16 chunks) moved on
+    assert len(releases) >= 8

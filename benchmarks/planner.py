@@ -1,0 +1,123 @@
+"""Planner time per global step at 4096 GPUs: the whole PlannerState, not just balancing.
+
+What one step costs the Planner, measured inside :meth:`PlannerState.handle` only: apportioning
+the mixture over 1,000 sources, taking each source's samples from its deterministic order,
+registering and releasing chunks, gathering cost features, pricing and balancing the ~4M-token
+global batch over the DP ranks, building one ``ConstructBatch`` per DP rank, recording lineage in
+the DGraph, and handling every trainer rank's ``BatchConsumed``. The loader side is played by
+per-row metadata (generated lognormal lengths, capped at the 16k context); its own time is not
+counted.
+
+Meshes: DP 256 x CP 4 x TP 4 (every rank of a group consumes) and DP 64 x PP 4 x CP 4 x TP 4.
+``planner.ms_per_step_linearity`` is the time per step at twice the samples per step (8M tokens)
+divided by the time at 4M tokens on the first mesh: about 2 means linear in the batch.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import deque
+
+import numpy as np
+
+from mdata.cost import AttentionCost
+from mdata.mesh import ClientPlaceTree
+from mdata.metadata import SourceMetadata
+from mdata.plan import Plan
+from mdata.planner_state import (
+    BatchConsumed, ChunkLoaded, LoadChunk, PlannerState, StepReady, Tick,
+)
+
+CONTEXT = 16384
+MEAN_TOKENS = 2048  # lognormal(7.0, 1.2) capped at 16k has a mean of about 2.05k tokens
+GLOBAL_TOKENS = 4 << 20
+
+
+class _Src:
+    def __init__(self, name: str, chunk_rows: int) -> None:
+        self.name, self.chunk_rows = name, chunk_rows
+
+
+def _metadata(num_sources: int, rows: int, seed: int) -> dict[str, SourceMetadata]:
+    rng = np.random.default_rng(seed)
+    out = {}
+    for i in range(num_sources):
+        tokens = np.minimum(rng.lognormal(7.0, 1.2, size=rows), CONTEXT).astype(np.int32) + 1
+        out[f"s{i:04d}"] = SourceMetadata.from_arrays(f"s{i:04d}", [tokens[: rows // 2], tokens[rows // 2:]])
+    return out
+
+
+def _plan(names: list[str], mesh: ClientPlaceTree, global_batch: int, seed: int) -> Plan:
+    rng = np.random.default_rng(seed)
+    weights = {n: float(w) for n, w in zip(names, rng.pareto(1.5, len(names)) + 0.05)}
+    micro_batches = max(1, -(-global_batch * MEAN_TOKENS // (mesh.dp * CONTEXT)))
+    return (Plan([_Src(n, 256) for n in names]).mix(weights).cost(AttentionCost())
+            .balance(micro_batches=micro_batches, max_tokens=CONTEXT, global_batch=global_batch)
+            .distribute(mesh).window(2))
+
+
+def _ms_per_step(mesh: ClientPlaceTree, global_batch: int, num_sources: int, warmup: int,
+                 blocks: int, block_steps: int, seed: int = 0) -> float:
+    """Median over ``blocks`` of the Planner's handle() time per step (ms)."""
+    meta = _metadata(num_sources, 4096, seed)
+    names = sorted(meta)
+    plan = _plan(names, mesh, global_batch, seed)
+    state = PlannerState(plan, meta, job="bench", log_size=1000)
+    ranks = sorted(r for d in range(mesh.dp) for r in mesh.receivers(d, None))
+    spent = 0.0
+
+    def handle(*events):
+        nonlocal spent
+        began = time.perf_counter()
+        out = state.handle(*events)
+        spent += time.perf_counter() - began
+        return out
+
+    queue = deque(handle(Tick(stimulus_id="start")))
+    per_block: list[float] = []
+    consumed = 0
+    block_start = None
+    total = warmup + blocks * block_steps
+    while consumed < total:
+        ins = queue.popleft()
+        if isinstance(ins, LoadChunk):
+            ref = ins.chunk
+            rows, tok, pat, bad = meta[ref.source].rows_of(ref.shard, ref.start, ref.stop)
+            queue.extend(handle(ChunkLoaded(ref, rows, tok, pat, (), "w", 0.01,
+                                            stimulus_id=f"l{ref.chunk_id}")))
+        elif isinstance(ins, StepReady):
+            s = ins.step
+            queue.extend(handle(*(BatchConsumed(s, r, stimulus_id=f"c{s}") for r in ranks)))
+            consumed += 1
+            if consumed == warmup:
+                block_start = spent
+            elif consumed > warmup and (consumed - warmup) % block_steps == 0:
+                per_block.append((spent - block_start) / block_steps * 1e3)
+                block_start = spent
+    return float(statistics.median(per_block))
+
+
+def run(quick: bool) -> dict[str, float]:
+    blocks = 3 if quick else 5
+    block_steps = 4 if quick else 10
+    warmup = 4 if quick else 10
+    batch = GLOBAL_TOKENS // MEAN_TOKENS  # 2048 samples, ~4M tokens
+    flat = ClientPlaceTree(dp=256, cp=4, tp=4)
+    piped = ClientPlaceTree(dp=64, pp=4, cp=4, tp=4)
+    one = _ms_per_step(flat, batch, 1000, warmup, blocks, block_steps)
+    two = _ms_per_step(flat, 2 * batch, 1000, warmup, blocks, block_steps)
+    pp = _ms_per_step(piped, batch, 1000, warmup, blocks, block_steps)
+    return {
+        "planner.ms_per_step_4096": one,
+        "planner.ms_per_step_4096_pp": pp,
+        "planner.ms_per_step_4096_8m_tokens": two,
+        "planner.ms_per_step_linearity": two / one,
+    }
+
+
+if __name__ == "__main__":  # pragma: no cover
+    import sys
+
+    for name, value in run(quick="--quick" in sys.argv).items():
+        print(f"{name:40s} {value:10.3f}")
