@@ -81,7 +81,7 @@ class ChunkLoaded(PlannerEvent):
     """A load task finished: the kept ``rows`` (ascending) with their cost features.
 
     ``skipped_rows`` are rows the transform rejected under the source's skip tolerance;
-    ``duration_s`` is the task's wall time (it sizes the pools).
+    ``seconds`` is the task's wall time (it sizes the pools).
     """
 
     chunk: ChunkRef
@@ -90,7 +90,7 @@ class ChunkLoaded(PlannerEvent):
     num_patches: np.ndarray | None = None
     skipped_rows: Sequence[int] = ()
     worker: str = ""
-    duration_s: float = 0.0
+    seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -575,7 +575,7 @@ class PlannerState:
         rows = np.asarray(ev.rows, np.int64)
         if self.record_lineage:
             self.dgraph.record_load(ref.source_index, ref.chunk_id, ev.worker)
-        self.pool_sizer.observe_load(ref.source_index, rows.size + len(ev.skipped_rows), ev.duration_s)
+        self.pool_sizer.observe_load(ref.source_index, rows.size + len(ev.skipped_rows), ev.seconds)
         if c.loaded:
             return []  # a reload after a lost worker: same rows, same bytes
         tokens = np.asarray(ev.num_tokens)
