@@ -169,10 +169,13 @@ class ReleaseBatch(Instruction):
 
 @dataclass(frozen=True, eq=False)
 class StepSamples:
-    """What one DP rank gets in one step, columnar, sorted by (micro_batch, position).
+    """What one DP rank gets in one step, columnar, grouped by chunk, then by (micro_batch,
+    position) within a chunk.
 
     ``chunks`` are the chunks the rank's samples come from; sample ``i`` is row ``index[i]`` of
-    the *kept* rows of ``chunks[chunk[i]]`` (so the constructor can slice the loaded chunk).
+    the *kept* rows of ``chunks[chunk[i]]`` (so the constructor can slice the loaded chunk). The
+    grouping means that pulling :meth:`chunk_indices` chunk after chunk and concatenating the rows
+    yields the samples in this order, aligned with every per-sample array.
     ``num_tokens`` is already truncated to the plan's ``max_tokens``. ``sample_ids`` are lineage
     ids in the DGraph; ``source_index``, ``shard``, ``row`` are the stable sample ids.
     """
@@ -194,6 +197,11 @@ class StepSamples:
 
     def __len__(self) -> int:
         return int(self.chunk.size)
+
+    def chunk_indices(self) -> list[tuple[tuple, np.ndarray]]:
+        """``(chunk task key, indices among its kept rows)`` per chunk, in sample order."""
+        bounds = np.searchsorted(self.chunk, np.arange(len(self.chunks) + 1))
+        return [(ref.key, self.index[bounds[j]:bounds[j + 1]]) for j, ref in enumerate(self.chunks)]
 
     @property
     def chunk_keys(self) -> tuple[tuple, ...]:
@@ -876,6 +884,8 @@ class PlannerState:
         for d in range(self.mesh.dp):
             sel = order[bounds[d]:bounds[d + 1]]
             ukeys, local = np.unique(keys[sel], return_inverse=True)
+            by_chunk = np.argsort(local, kind="stable")  # group by chunk, keep (mb, position) order
+            sel, local = sel[by_chunk], local[by_chunk]
             samples = StepSamples(
                 chunks=tuple(self._chunks[k].ref for k in ukeys.tolist()),
                 chunk=local.astype(np.int32), index=index32[sel], micro_batch=a.micro_batch[sel],

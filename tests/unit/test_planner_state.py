@@ -69,6 +69,8 @@ def test_loaded_chunk_makes_the_step_ready_with_exact_samples():
         assert len(s) == 1 and s.chunks == (load.chunk,)
         assert s.index.tolist() == [int(s.row[0]) - load.chunk.start]
         assert s.num_tokens.tolist() == [10 + int(s.row[0])]
+    (key, indices), = out[0].samples.chunk_indices()
+    assert key == load.chunk.key and indices.tolist() == out[0].samples.index.tolist()
     summary = out[2].summary
     assert summary.counts.tolist() == [2] and summary.tokens.tolist() == [20 + int(taken.rows.sum())]
     assert summary.per_rank_cost.shape == (2,)
@@ -252,3 +254,23 @@ def test_chunks_stay_loaded_while_their_shuffle_window_is_in_use():
     assert state.chunks_in_memory <= 2 * 2 * 4
     # 400 of 1024/512 rows consumed: web (2 shards x 16 chunks) and code (16 chunks) moved on
     assert len(releases) >= 8
+
+
+def test_step_samples_are_grouped_by_chunk_for_the_constructor():
+    meta = {"web": lognormal_metadata("web", 2, 400, 6.0, seed=6)}
+    plan = (Plan([Src("web", 16)]).mix({"web": 1})
+            .balance(micro_batches=3, max_tokens=8192, global_batch=40)
+            .distribute(ClientPlaceTree(dp=2)).shuffle(4))
+    state = PlannerState(plan, meta)
+    driver = Driver(state, meta).run(3)
+    for ins in (i for i in driver.instructions if isinstance(i, ConstructBatch)):
+        s = ins.samples
+        assert np.all(np.diff(s.chunk) >= 0) and len(s.chunks) > 1
+        pulled = np.concatenate([idx for _, idx in s.chunk_indices()])
+        assert pulled.tolist() == s.index.tolist()
+        rows = [s.chunks[c].start + 0 for c in s.chunk.tolist()]  # no skips: index = row - start
+        assert (np.array(rows) + s.index).tolist() == s.row.tolist()
+        # within a chunk, samples keep (micro_batch, position) order
+        for j in range(len(s.chunks)):
+            mb_pos = list(zip(s.micro_batch[s.chunk == j].tolist(), s.position[s.chunk == j].tolist()))
+            assert mb_pos == sorted(mb_pos)
