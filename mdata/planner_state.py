@@ -245,9 +245,11 @@ class StepSummary:
     target_weights: np.ndarray
     truncated: int
     skipped: int
+    names: tuple[str, ...] = ()
 
     def to_dict(self, names: Sequence[str] | None = None) -> dict[str, Any]:
-        names = names or [str(i) for i in range(self.counts.size)]
+        """JSON-safe form; per-source figures are keyed by source name."""
+        names = names or self.names or [str(i) for i in range(self.counts.size)]
         return {
             "step": self.step,
             "per_rank_cost": self.per_rank_cost.tolist(),
@@ -261,6 +263,12 @@ class StepSummary:
             "truncated": self.truncated,
             "skipped": self.skipped,
         }
+
+    def keys(self) -> list[str]:  # ``dict(summary)`` gives the JSON-safe form
+        return list(self.to_dict())
+
+    def __getitem__(self, name: str) -> Any:
+        return self.to_dict()[name]
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, StepSummary):
@@ -900,7 +908,7 @@ class PlannerState:
             num_micro_batches=int(a.num_micro_batches),
             counts=np.bincount(src, minlength=S).astype(np.int64),
             tokens=np.bincount(src, weights=trunc, minlength=S).astype(np.int64),
-            target_weights=st.weights, truncated=n_trunc, skipped=n_skipped)
+            target_weights=st.weights, truncated=n_trunc, skipped=n_skipped, names=self.names)
         out.append(StepReady(s, summary, stimulus_id=sid))
         st.balanced = True
         st.pending.clear()

@@ -74,6 +74,7 @@ def test_loaded_chunk_makes_the_step_ready_with_exact_samples():
     summary = out[2].summary
     assert summary.counts.tolist() == [2] and summary.tokens.tolist() == [20 + int(taken.rows.sum())]
     assert summary.per_rank_cost.shape == (2,)
+    assert dict(summary)["counts"] == {"a": 2} and dict(summary)["step"] == 0
 
 
 def test_same_events_give_the_same_instructions():
