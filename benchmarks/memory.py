@@ -1,0 +1,140 @@
+"""Loader-side CPU memory: sum of PSS of every loader process, mdata beside the per-rank baseline.
+
+**Baseline** (``benchmarks/baseline.py`` in :class:`~benchmarks.fleet.BaselineFleet`): ``R`` rank
+processes, each with a ``DataLoader`` of ``W`` workers, every worker holding its own reader state
+for all ``S`` sources. Counted: the PSS of every DataLoader worker process after each has opened
+every source and produced batches. *Not* counted: the rank processes' own loader share (the
+DataLoader's in-flight batches, its iterator), which cannot be separated from the trainer's
+torch; and the rank processes are forked from one parent, so the torch pages they share are split
+among them. Both choices lower the baseline's number.
+
+**mdata** (:class:`~benchmarks.fleet.MdataFleet`): the cluster host (Dask scheduler with the
+Planner, and the nannies), every Dask worker process (loader pools and the constructor), and the
+trainer-side Loader buffers (prefetch depth x the bytes of one rank's batch, for every rank),
+delivering the same steps to the same ``R`` ranks (mesh ``dp = R / tp``, ``tp`` ranks per group).
+Loader pools: ``L`` workers, the sources dealt round-robin over them (cheap sources share a pool,
+DESIGN.md section 6).
+
+Many sources come from :func:`benchmarks.workload.many_sources`: each source reads one shard file
+of the example corpus, so several sources share underlying files (each still has its own reader,
+listing and buffers in every process that opens it, which is what is measured).
+
+Peak memory of the run is kept under ``LIMIT_MB``: a configuration whose projected baseline size
+exceeds it is skipped and listed as not run, and the largest configuration that ran is reported.
+"""
+
+from __future__ import annotations
+
+import math
+import traceback
+
+from benchmarks.fleet import BaselineFleet, MdataFleet, pss_mb
+from benchmarks.harness import figure
+from benchmarks.workload import many_sources
+from mdata.cost import AttentionCost
+from mdata.mesh import ClientPlaceTree
+from mdata.plan import Plan
+
+__all__ = ["LIMIT_MB", "measure", "run"]
+
+LIMIT_MB = 12 * 1024
+MAX_TOKENS = 4096
+MICRO_BATCHES = 2
+PREFETCH = 2  # mdata.client.Loader's default prefetch depth
+
+
+def _weights(sources) -> dict[str, float]:
+    return {s.name: 1.0 for s in sources}
+
+
+def _plan(sources, ranks: int, tp: int):
+    dp = ranks // tp
+    return (Plan(sources).mix(_weights(sources)).cost(AttentionCost())
+            .balance(micro_batches=MICRO_BATCHES, max_tokens=MAX_TOKENS, global_batch=dp * 8)
+            .distribute(ClientPlaceTree(dp=dp, tp=tp)).seed(0))
+
+
+def measure_baseline(num_sources: int, ranks: int, tp: int, workers: int) -> dict[str, float]:
+    """PSS of the baseline's DataLoader workers after each produced a few batches."""
+    sources = many_sources(num_sources)
+    with BaselineFleet(sources, _weights(sources), ranks=ranks, tp=tp, workers=workers,
+                       max_tokens=MAX_TOKENS, micro_batches=MICRO_BATCHES) as fleet:
+        fleet.run(2 * workers)  # every worker has produced >= 2 batches (and prefetched more)
+        pids = fleet.worker_pids()
+        return {"pss_mb": pss_mb(pids), "processes": len(pids),
+                "rank_pss_mb": pss_mb(fleet.rank_pids)}
+
+
+def measure_mdata(num_sources: int, ranks: int, tp: int, loader_workers: int) -> dict[str, float]:
+    """PSS of mdata's cluster host and Dask workers plus the trainers' Loader buffers."""
+    sources = many_sources(num_sources)
+    with MdataFleet(sources, _plan(sources, ranks, tp), loader_workers=loader_workers) as fleet:
+        stats = fleet.run(4)
+        pids = [fleet.host_pid, *fleet.worker_pids]
+        buffers = PREFETCH * stats.batch_bytes * ranks / (1 << 20)
+        return {"pss_mb": pss_mb(pids) + buffers, "processes": len(pids), "buffers_mb": buffers}
+
+
+def measure(num_sources: int, ranks: int, tp: int, workers: int, loader_workers: int,
+            per_worker_mb: float | None = None) -> dict[str, object]:
+    """Both systems at one configuration; ``skipped`` when the baseline would not fit."""
+    if per_worker_mb is not None and per_worker_mb * ranks * workers > LIMIT_MB:
+        return {"skipped": f"projected {per_worker_mb * ranks * workers:.0f} MB > {LIMIT_MB} MB"}
+    out: dict[str, object] = {"baseline": measure_baseline(num_sources, ranks, tp, workers)}
+    try:
+        out["mdata"] = measure_mdata(num_sources, ranks, tp, loader_workers)
+    except Exception as exc:  # the runtime may not run here yet: say so, never invent a number
+        traceback.print_exc()
+        out["mdata_error"] = f"{type(exc).__name__}: {exc}"
+    return out
+
+
+def run(quick: bool) -> dict[str, object]:
+    if quick:
+        headline = dict(num_sources=16, ranks=4, tp=2, workers=2, loader_workers=2)
+        sweep = (8, 16)
+        sweep_cfg = dict(ranks=4, tp=2, workers=2, loader_workers=2)
+    else:
+        headline = dict(num_sources=64, ranks=16, tp=4, workers=4, loader_workers=4)
+        sweep = (8, 32, 64, 128, 256)
+        sweep_cfg = dict(ranks=4, tp=2, workers=4, loader_workers=4)
+    figures: dict[str, object] = {}
+
+    def describe(cfg) -> str:
+        return (f"{cfg['num_sources']} sources x {cfg['ranks']} ranks (tp={cfg['tp']}) x "
+                f"{cfg['workers']} workers; mdata: {cfg['loader_workers']} loader workers + 1 constructor")
+
+    per_worker = None
+    points: list[tuple[dict, dict]] = []
+    for n in sweep:
+        cfg = dict(num_sources=n, **sweep_cfg)
+        res = measure(**cfg, per_worker_mb=per_worker)
+        points.append((cfg, res))
+        if "baseline" in res:
+            base = res["baseline"]
+            per_worker = base["pss_mb"] / base["processes"] * 2.0 * (1 + n) / n  # next point ~2x
+    for cfg, res in points:
+        key = f"memory.loader_pss_mb_{cfg['num_sources']}_sources"
+        if "skipped" in res:
+            figures[key] = figure(None, None, unit="MB", note=f"not run: {res['skipped']}; {describe(cfg)}")
+            continue
+        ours = res.get("mdata", {}).get("pss_mb")
+        figures[key] = figure(ours, res["baseline"]["pss_mb"], unit="MB", goal="ratio >= 13.5",
+                              note=describe(cfg) + (f"; mdata not measured: {res['mdata_error']}"
+                                                    if "mdata_error" in res else ""))
+
+    res = measure(**headline)
+    base = res["baseline"]["pss_mb"]
+    ours = res.get("mdata", {}).get("pss_mb")
+    note = describe(headline) + ("" if ours is not None else f"; mdata not measured: {res['mdata_error']}")
+    note += (f"; baseline: {res['baseline']['processes']} worker processes (rank processes' "
+             f"{res['baseline']['rank_pss_mb']:.0f} MB not counted)")
+    if ours is not None:
+        note += f"; mdata: {res['mdata']['processes']} processes + {res['mdata']['buffers_mb']:.1f} MB Loader buffers"
+    figures["memory.loader_pss_mb"] = figure(ours, base, unit="MB", goal="ratio >= 13.5", note=note)
+    ratio = base / ours if ours else None
+    figures["memory.loader_pss_ratio"] = figure(
+        ratio, goal=">= 13.5", note="baseline PSS / mdata PSS" + ("" if ratio else "; mdata not measured"))
+    if ratio is not None and not math.isfinite(ratio):
+        figures["memory.loader_pss_ratio"]["note"] += " (non-finite)"
+    return figures
