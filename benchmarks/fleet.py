@@ -187,7 +187,13 @@ class BaselineFleet:
 
 # -- mdata -----------------------------------------------------------------------------------------
 
+def _quiet_dask() -> None:
+    """Keep Dask's INFO chatter out of the benchmark table (inherited by spawned workers)."""
+    os.environ["DASK_LOGGING__DISTRIBUTED"] = "error"
+
+
 def _cluster_host_main(sources, plan, job: str, loader_workers: int, conn) -> None:
+    _quiet_dask()
     from mdata.client import submit_job
     from mdata.cluster import PoolSpec, start_cluster
 
@@ -207,6 +213,7 @@ def _cluster_host_main(sources, plan, job: str, loader_workers: int, conn) -> No
 
 
 def _trainer_host_main(address: str, job: str, ranks: int, conn) -> None:
+    _quiet_dask()
     from distributed import Client
 
     from mdata.client import Loader

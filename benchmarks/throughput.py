@@ -20,7 +20,7 @@ simulated trainers, so absolute rates are indicative; the ratio is measured with
 
 from __future__ import annotations
 
-import traceback
+import sys
 
 from benchmarks.fleet import BaselineFleet, MdataFleet, cpu_seconds
 from benchmarks.harness import figure
@@ -86,7 +86,7 @@ def run(quick: bool) -> dict[str, object]:
     try:
         ours, why = _mdata(cfg), ""
     except Exception as exc:  # the runtime may not run here yet: say so, never invent a number
-        traceback.print_exc()
+        print(f"throughput: mdata failed: {exc}", file=sys.stderr)
         ours, why = None, f"; mdata not measured: {type(exc).__name__}: {exc}"
     setup = (f"{cfg['ranks']} ranks (tp={cfg['tp']}), baseline {cfg['workers']} workers/rank, mdata "
              f"{cfg['loader_workers']} loader workers + 1 constructor; {cfg['steps']} steps of "
