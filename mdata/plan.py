@@ -65,6 +65,8 @@ class _Config:
     seed: int = 0
     window: int = 4
     shuffle_chunks: int = 4
+    pad_id: int = 0
+    image_token_id: int | None = None
 
 
 def _positive_int(what: str, value: object, minimum: int = 1) -> int:
@@ -164,6 +166,21 @@ class Plan:
         """Rows are shuffled within windows of this many consecutive chunks of a source."""
         return self._with(shuffle_chunks=_positive_int("shuffle window_chunks", window_chunks))
 
+    def special_tokens(self, *, pad_id: int = 0, image_token_id: int | None = None) -> "Plan":
+        """Token ids the constructors write: padding, and the placeholder run that stands for an
+        image's patches in ``input_ids`` (needed as soon as a source yields images)."""
+        pad = _positive_int("pad_id", pad_id, minimum=0)
+        image = None if image_token_id is None else _positive_int("image_token_id", image_token_id, minimum=0)
+        return self._with(pad_id=pad, image_token_id=image)
+
+    @property
+    def pad_id(self) -> int:
+        return self._cfg.pad_id
+
+    @property
+    def image_token_id(self) -> int | None:
+        return self._cfg.image_token_id
+
     # -- accessors -----------------------------------------------------------------------------
     @property
     def source_names(self) -> tuple[str, ...]:
@@ -242,6 +259,7 @@ class Plan:
             "broadcast": cfg.broadcast,
             "seed": cfg.seed,
             "shuffle_chunks": cfg.shuffle_chunks,
+            "special_tokens": [cfg.pad_id, cfg.image_token_id],
         }
 
     def fingerprint(self) -> str:

@@ -1,0 +1,268 @@
+"""The Planner: mdata's Dask scheduler plugin.
+
+Load it with ``dask scheduler --preload scheduler_plugins.planner`` (the embedded cluster does the
+same). It registers named scheduler handlers (``mdata_*``) through which drivers register jobs and
+trainers attach, ask where their next batch is, acknowledge consumption, report metrics and ask for
+checkpoints and sample stories. It installs mdata's worker plugin on every worker, and runs a
+periodic tick that keeps each job's window of steps in flight. The decisions themselves are made by
+the pure :mod:`mdata.planner_state`; :mod:`scheduler_plugins.job_runtime` executes them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import pickle
+from typing import Any
+
+import numpy as np
+
+from distributed.diagnostics.plugin import SchedulerPlugin
+from distributed.protocol.pickle import dumps as pickle_dumps
+from tornado.ioloop import PeriodicCallback
+
+from mdata import planner_state as ps
+from mdata.checkpoint import Checkpoint
+from mdata.errors import MdataError, PlanError
+from mdata.ids import SampleId
+from scheduler_plugins.job_runtime import JobRuntime, pool_resource
+from workers.loader import as_key
+from workers.plugin import PLUGIN_NAME, MdataWorkerPlugin
+
+logger = logging.getLogger("mdata.planner")
+
+PLUGIN = "mdata-planner"
+
+
+def _list_shards_task(source):
+    """Runs on a loader of the source's pool: shard paths and row counts from file metadata."""
+    listing = source.list_shards()
+    return [int(shard.num_rows) for shard in listing.shards]
+
+
+class PlannerPlugin(SchedulerPlugin):
+    """Holds every job's Planner state and adapts it to the scheduler."""
+
+    name = PLUGIN
+    idempotent = True
+
+    def __init__(self, tick_ms: int = 50) -> None:
+        self.tick_ms = tick_ms
+        self.jobs: dict[str, JobRuntime] = {}
+        self.scheduler = None
+        self._client = None
+        self._client_lock: asyncio.Lock | None = None
+        self._periodic: PeriodicCallback | None = None
+        self._handlers: dict[str, Any] = {}
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    async def start(self, scheduler) -> None:
+        self.scheduler = scheduler
+        self._client_lock = asyncio.Lock()
+        self._handlers = {
+            "mdata_register_job": self.register_job,
+            "mdata_batch_location": self.batch_location,
+            "mdata_ack": self.ack,
+            "mdata_report_metrics": self.report_metrics,
+            "mdata_checkpoint": self.checkpoint,
+            "mdata_story": self.story,
+            "mdata_lineage": self.lineage,
+            "mdata_status": self.status,
+            "mdata_jobs": self.list_jobs,
+            "mdata_job_info": self.job_info,
+            "mdata_who_has": self.who_has,
+            "mdata_close_job": self.close_job,
+        }
+        scheduler.handlers.update(self._handlers)
+        await scheduler.register_worker_plugin(
+            None, pickle_dumps(MdataWorkerPlugin()), name=PLUGIN_NAME, idempotent=True
+        )
+        self._periodic = PeriodicCallback(self._tick, self.tick_ms)
+        self._periodic.start()
+        scheduler.extensions["mdata"] = self  # dashboard pages find the Planner here
+
+    async def close(self) -> None:
+        if self._periodic is not None:
+            self._periodic.stop()
+        for job in list(self.jobs.values()):
+            await job.close()
+        self.jobs.clear()
+        if self.scheduler is not None:
+            for name in self._handlers:
+                self.scheduler.handlers.pop(name, None)
+            self.scheduler.extensions.pop("mdata", None)
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
+    def remove_worker(self, scheduler, worker: str, **kwargs) -> None:
+        for job in self.jobs.values():
+            job.worker_lost(worker)
+
+    async def _tick(self) -> None:
+        for job in list(self.jobs.values()):
+            await job.tick()
+
+    async def client(self):
+        """An asynchronous Dask client on the scheduler's own loop, created on first use."""
+        async with self._client_lock:
+            if self._client is None:
+                from distributed import Client
+
+                self._client = await Client(
+                    self.scheduler.address,
+                    asynchronous=True,
+                    name="mdata-planner",
+                    security=self.scheduler.security,
+                    set_as_default=False,
+                )
+            return self._client
+
+    # -- handlers ----------------------------------------------------------------------------------
+    def _job(self, job: str) -> JobRuntime:
+        try:
+            return self.jobs[job]
+        except KeyError:
+            known = ", ".join(sorted(self.jobs)) or "none"
+            raise MdataError(
+                f"no mdata job named {job!r} on this cluster (jobs: {known}); register it first with "
+                "mdata.client.submit_job(client, plan, job=...) or pass plan= to the Loader"
+            ) from None
+
+    async def register_job(self, job: str, plan: bytes, checkpoint: dict | None = None) -> dict:
+        """Register ``job`` with a pickled Plan; idempotent for the same plan and checkpoint."""
+        plan_obj = pickle.loads(plan)
+        fingerprint = plan_obj.fingerprint()
+        existing = self.jobs.get(job)
+        if existing is not None:
+            if existing.plan.fingerprint() != fingerprint:
+                raise PlanError(
+                    f"job {job!r} is already running another plan (fingerprint "
+                    f"{existing.plan.fingerprint()} vs {fingerprint}); use another job name or close it"
+                )
+            return self._job_info(existing)
+        client = await self.client()
+        listings = await self._list_shards(client, plan_obj)
+        if checkpoint is not None:
+            state = ps.PlannerState.from_checkpoint(
+                plan_obj, listings, Checkpoint.from_dict(checkpoint), job=job
+            )
+        else:
+            state = ps.PlannerState(plan_obj, listings, job=job)
+        runtime = JobRuntime(self.scheduler, client, job, plan_obj, state)
+        self.jobs[job] = runtime
+        await runtime.tick()
+        logger.info("mdata job %s registered: %s", job, plan_obj)
+        return self._job_info(runtime)
+
+    async def _list_shards(self, client, plan) -> dict[str, list[int]]:
+        futures = {
+            src.name: client.submit(
+                _list_shards_task, src, resources={pool_resource(src.name): 1}, pure=False
+            )
+            for src in plan.sources
+        }
+        names = list(futures)
+        results = await client.gather([futures[n] for n in names])
+        return dict(zip(names, results))
+
+    def _job_info(self, runtime: JobRuntime) -> dict:
+        mesh = runtime.plan.mesh
+        return {
+            "job": runtime.job,
+            "fingerprint": runtime.plan.fingerprint(),
+            "start_step": int(runtime.state.consumed_step),
+            "broadcast": runtime.plan.broadcast,
+            "mesh": {"dp": mesh.dp, "pp": mesh.pp, "cp": mesh.cp, "tp": mesh.tp, "order": mesh.order},
+            "world_size": mesh.world_size,
+        }
+
+    async def batch_location(self, job: str, rank: int, step: int, timeout: float = 10.0) -> dict:
+        return await self._job(job).batch_location(int(rank), int(step), float(timeout))
+
+    async def ack(self, job: str, rank: int, step: int, wait_s: float = 0.0) -> dict:
+        runtime = self._job(job)
+        await runtime.acknowledge(int(rank), int(step), float(wait_s))
+        return {"status": "OK"}
+
+    async def report_metrics(self, job: str, rank: int, step: int, metrics: dict) -> dict:
+        runtime = self._job(job)
+        await runtime.handle(
+            ps.MetricsReported(step=int(step), rank=int(rank), metrics=dict(metrics),
+                               stimulus_id=f"metrics-{rank}-{step}")
+        )
+        return {"status": "OK"}
+
+    def checkpoint(self, job: str, step: int) -> dict:
+        return self._job(job).state.checkpoint(int(step)).to_dict()
+
+    def story(self, job: str, sample_id: str) -> list[dict]:
+        """Every occurrence (one per epoch) of ``source/shard/row``: loaded, planned, delivered..."""
+        sid = SampleId.parse(sample_id)
+        graph = self._job(job).state.dgraph
+        if sid.source not in graph.sources:
+            raise MdataError(f"unknown source {sid.source!r} in sample id {sample_id!r}; sources: {list(graph.sources)}")
+        return [
+            {"lineage_id": int(i), "events": _jsonable(graph.story(int(i)))}
+            for i in graph.find(sid.source, sid.shard, sid.row)
+        ]
+
+    def lineage(self, job: str, steps: int) -> dict:
+        """Planned sample ids per step and DP rank, from the DGraph (for exactly-once checks)."""
+        runtime = self._job(job)
+        graph = runtime.state.dgraph
+        table = graph.samples_table
+        cols = [table.column(c) for c in ("source_index", "shard", "row")]
+        out: dict[str, dict[str, list]] = {}
+        for step in range(int(steps)):
+            out[str(step)] = {}
+            for dp in range(runtime.plan.mesh.dp):
+                ids = graph.samples(step, dp)
+                out[str(step)][str(dp)] = np.stack([c[ids] for c in cols], axis=1).tolist()
+        report = graph.verify_exactly_once(0, int(steps), require_consumed=True)
+        return {
+            "samples": out,
+            "exactly_once": {"ok": report.ok, "samples": int(report.samples),
+                             "skipped": int(report.skipped), "problems": list(report.problems)},
+        }
+
+    def status(self, job: str) -> dict:
+        return self._job(job).status()
+
+    def job_info(self, job: str) -> dict:
+        return self._job_info(self._job(job))
+
+    def list_jobs(self) -> list[str]:
+        return sorted(self.jobs)
+
+    def who_has(self, keys: list) -> dict:
+        tasks = self.scheduler.tasks
+        out = []
+        for key in keys:
+            ts = tasks.get(as_key(key))
+            out.append([ws.address for ws in ts.who_has] if ts is not None and ts.who_has else [])
+        return {"who_has": out}
+
+    async def close_job(self, job: str) -> dict:
+        runtime = self.jobs.pop(job, None)
+        if runtime is not None:
+            await runtime.close()
+        return {"status": "OK"}
+
+
+def _jsonable(value):
+    """Numpy scalars and arrays inside handler replies become plain Python values."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+async def dask_setup(scheduler) -> None:
+    """Preload entry point: ``dask scheduler --preload scheduler_plugins.planner``."""
+    scheduler.add_plugin(PlannerPlugin(), name=PLUGIN)

@@ -1,0 +1,60 @@
+"""Source loaders: the tasks and handlers that run inside a source pool's Dask workers.
+
+A load task reads one chunk (a contiguous row range of one shard) through the worker's reader cache
+(one open reader per source shard per worker process, never one per trainer rank), applies the
+source's sample transform and keeps the resulting columnar ``SampleChunk`` in worker memory as the
+task's result. The Planner receives only a small summary (sample ids and cost features), never the
+payload. Constructors later pull exactly the rows they need through :func:`take_rows_handler`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from mdata.sources import Source, SampleChunk, default_reader_cache, load_chunk
+
+HANDLER_TAKE_ROWS = "mdata_take_rows"
+
+
+def load_chunk_task(source: Source, shard: int, start: int, stop: int) -> SampleChunk:
+    """Dask task body: read and transform rows ``[start, stop)`` of one shard of ``source``."""
+    began = time.perf_counter()
+    chunk = load_chunk(source, shard, start, stop, cache=default_reader_cache())
+    chunk.load_seconds = time.perf_counter() - began  # measured cost, feeds pool sizing
+    return chunk
+
+
+def chunk_summary_task(chunk: SampleChunk) -> dict[str, Any]:
+    """Dask task body: the lineage and cost summary the Planner needs; runs where the chunk lives."""
+    return {
+        "rows": np.asarray(chunk.rows, dtype=np.int64),
+        "num_tokens": np.asarray(chunk.num_tokens, dtype=np.int64),
+        "num_patches": np.asarray(chunk.num_patches, dtype=np.int64),
+        "skipped": [(int(s.row), str(s.reason)) for s in chunk.skipped],
+        "nbytes": int(chunk.nbytes),
+        "seconds": float(getattr(chunk, "load_seconds", 0.0)),
+    }
+
+
+def as_key(key: Any) -> Any:
+    """Task keys travel over msgpack as lists; Dask keys are tuples."""
+    return tuple(as_key(k) for k in key) if isinstance(key, (list, tuple)) else key
+
+
+def make_take_rows_handler(worker):
+    """Build the worker handler that serves exact rows of a chunk held in this worker's memory."""
+    from distributed.protocol import to_serialize
+
+    def take_rows_handler(key, indices) -> dict:
+        key = as_key(key)
+        try:
+            chunk = worker.data[key]
+        except KeyError:
+            return {"status": "missing", "key": key}
+        idx = np.asarray(indices, dtype=np.int64)
+        return {"status": "OK", "chunk": to_serialize(chunk.take(idx))}
+
+    return take_rows_handler

@@ -1,0 +1,31 @@
+"""The worker-side partner of the Planner: registers mdata's handlers on every worker.
+
+The Planner plugin installs it on all current and future workers when it starts (as distributed's
+shuffle extension does), so plain ``dask worker`` processes need no preload of their own: giving a
+worker its pool resources (``--resources pool_<source>=N``) is enough to make it a loader.
+"""
+
+from __future__ import annotations
+
+from distributed.diagnostics.plugin import WorkerPlugin
+
+import mdata.batch_serialization  # noqa: F401  registers the batch wire format on this worker
+from workers.constructor import HANDLER_GET_BATCH, make_get_batch_handler
+from workers.loader import HANDLER_TAKE_ROWS, make_take_rows_handler
+
+PLUGIN_NAME = "mdata-worker"
+
+
+class MdataWorkerPlugin(WorkerPlugin):
+    """Adds the row-serving (loader) and batch-serving (constructor) handlers to a worker."""
+
+    idempotent = True
+    name = PLUGIN_NAME
+
+    def setup(self, worker) -> None:
+        worker.handlers[HANDLER_TAKE_ROWS] = make_take_rows_handler(worker)
+        worker.handlers[HANDLER_GET_BATCH] = make_get_batch_handler(worker)
+
+    def teardown(self, worker) -> None:
+        for name in (HANDLER_TAKE_ROWS, HANDLER_GET_BATCH):
+            worker.handlers.pop(name, None)
