@@ -90,7 +90,10 @@ def _consume(batches, steps: int, compute_s_per_cost: float, barrier) -> dict[st
         batch = next(batches)
         wait += time.perf_counter() - t0
         mbs = batch["micro_batches"]
-        ids.extend(mb["sample_ids"].numpy() for mb in mbs)
+        if "sample_ids" in batch:  # mdata: the batch's lineage ids; baseline: per micro-batch
+            ids.append(batch["sample_ids"].numpy().reshape(-1, 3))
+        else:
+            ids.extend(mb["sample_ids"].numpy() for mb in mbs)
         nbytes += sum(t.numel() * t.element_size() for mb in mbs for t in mb.values()
                       if hasattr(t, "element_size"))
         t0 = time.perf_counter()
@@ -132,17 +135,20 @@ def _rank_main(dataset: MixingPackingDataset, workers: int, conn, barrier) -> No
 
 
 class BaselineFleet:
-    """``ranks`` trainer ranks, each with its own DataLoader of ``workers`` processes."""
+    """``ranks`` trainer ranks, each with its own DataLoader of ``workers`` processes.
 
-    def __init__(self, sources: Sequence, weights: Mapping[str, float], *, ranks: int, tp: int,
+    ``group`` consecutive ranks form one DP group (their CP/TP peers) and load the same samples.
+    """
+
+    def __init__(self, sources: Sequence, weights: Mapping[str, float], *, ranks: int, group: int,
                  workers: int, max_tokens: int, micro_batches: int, seed: int = 0) -> None:
-        if ranks % tp:
-            raise ValueError(f"{ranks} ranks do not split into TP groups of {tp}")
-        self.ranks, self.tp, self.workers = ranks, tp, workers
-        self.dp_of = [r // tp for r in range(ranks)]
+        if ranks % group:
+            raise ValueError(f"{ranks} ranks do not split into DP groups of {group}")
+        self.ranks, self.group, self.workers = ranks, group, workers
+        self.dp_of = [r // group for r in range(ranks)]
         self.datasets = [MixingPackingDataset(sources, weights, max_tokens=max_tokens,
                                               micro_batches=micro_batches, dp_rank=self.dp_of[r],
-                                              dp_size=ranks // tp, seed=seed)
+                                              dp_size=ranks // group, seed=seed)
                          for r in range(ranks)]
         self._procs: list = []
         self._conns: list = []

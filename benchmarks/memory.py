@@ -11,7 +11,7 @@ among them. Both choices lower the baseline's number.
 **mdata** (:class:`~benchmarks.fleet.MdataFleet`): the cluster host (Dask scheduler with the
 Planner, and the nannies), every Dask worker process (loader pools and the constructor), and the
 trainer-side Loader buffers (prefetch depth x the bytes of one rank's batch, for every rank),
-delivering the same steps to the same ``R`` ranks (mesh ``dp = R / tp``, ``tp`` ranks per group).
+delivering the same steps to the same ``R`` ranks (mesh ``dp = R / cp``, ``cp`` ranks per DP group).
 Loader pools: ``L`` workers, the sources dealt round-robin over them (cheap sources share a pool,
 DESIGN.md section 6).
 
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import sys
 
+from benchmarks.baseline import IMAGE_TOKEN_ID
 from benchmarks.fleet import BaselineFleet, MdataFleet, pss_mb
 from benchmarks.harness import figure
 from benchmarks.workload import many_sources
@@ -46,17 +47,18 @@ def _weights(sources) -> dict[str, float]:
     return {s.name: 1.0 for s in sources}
 
 
-def _plan(sources, ranks: int, tp: int):
-    dp = ranks // tp
+def _plan(sources, ranks: int, cp: int):
+    dp = ranks // cp
     return (Plan(sources).mix(_weights(sources)).cost(AttentionCost())
             .balance(micro_batches=MICRO_BATCHES, max_tokens=MAX_TOKENS, global_batch=dp * 8)
-            .distribute(ClientPlaceTree(dp=dp, tp=tp)).seed(0))
+            .distribute(ClientPlaceTree(dp=dp, cp=cp)).seed(0)
+            .special_tokens(image_token_id=IMAGE_TOKEN_ID))
 
 
-def measure_baseline(num_sources: int, ranks: int, tp: int, workers: int) -> dict[str, float]:
+def measure_baseline(num_sources: int, ranks: int, cp: int, workers: int) -> dict[str, float]:
     """PSS of the baseline's DataLoader workers after each produced a few batches."""
     sources = many_sources(num_sources)
-    with BaselineFleet(sources, _weights(sources), ranks=ranks, tp=tp, workers=workers,
+    with BaselineFleet(sources, _weights(sources), ranks=ranks, group=cp, workers=workers,
                        max_tokens=MAX_TOKENS, micro_batches=MICRO_BATCHES) as fleet:
         fleet.run(2 * workers)  # every worker has produced >= 2 batches (and prefetched more)
         pids = fleet.worker_pids()
@@ -64,25 +66,25 @@ def measure_baseline(num_sources: int, ranks: int, tp: int, workers: int) -> dic
                 "rank_pss_mb": pss_mb(fleet.rank_pids)}
 
 
-def measure_mdata(num_sources: int, ranks: int, tp: int, loader_workers: int) -> dict[str, float]:
+def measure_mdata(num_sources: int, ranks: int, cp: int, loader_workers: int) -> dict[str, float]:
     """PSS of mdata's cluster host and Dask workers plus the trainers' Loader buffers."""
     sources = many_sources(num_sources)
-    with MdataFleet(sources, _plan(sources, ranks, tp), loader_workers=loader_workers) as fleet:
+    with MdataFleet(sources, _plan(sources, ranks, cp), loader_workers=loader_workers) as fleet:
         stats = fleet.run(4)
         pids = [fleet.host_pid, *fleet.worker_pids]
         buffers = PREFETCH * stats.batch_bytes * ranks / (1 << 20)
         return {"pss_mb": pss_mb(pids) + buffers, "processes": len(pids), "buffers_mb": buffers}
 
 
-def measure(num_sources: int, ranks: int, tp: int, workers: int, loader_workers: int,
+def measure(num_sources: int, ranks: int, cp: int, workers: int, loader_workers: int,
             per_worker_mb: float | None = None) -> dict[str, object]:
     """Both systems at one configuration; ``skipped`` when the baseline would not fit."""
     if per_worker_mb is not None and _projected(per_worker_mb, ranks, workers) > LIMIT_MB:
         return {"skipped": f"projected {_projected(per_worker_mb, ranks, workers):.0f} MB > "
                            f"{LIMIT_MB} MB on this machine"}
-    out: dict[str, object] = {"baseline": measure_baseline(num_sources, ranks, tp, workers)}
+    out: dict[str, object] = {"baseline": measure_baseline(num_sources, ranks, cp, workers)}
     try:
-        out["mdata"] = measure_mdata(num_sources, ranks, tp, loader_workers)
+        out["mdata"] = measure_mdata(num_sources, ranks, cp, loader_workers)
     except Exception as exc:  # the runtime may not run here yet: say so, never invent a number
         print(f"memory: mdata at {num_sources} sources failed: {exc}", file=sys.stderr)
         out["mdata_error"] = f"{type(exc).__name__}: {exc}"
@@ -95,19 +97,19 @@ def _projected(per_worker_mb: float, ranks: int, workers: int) -> float:
 
 
 def _describe(cfg: dict) -> str:
-    return (f"{cfg['num_sources']} sources x {cfg['ranks']} ranks (tp={cfg['tp']}) x "
+    return (f"{cfg['num_sources']} sources x {cfg['ranks']} ranks (cp={cfg['cp']}) x "
             f"{cfg['workers']} workers; mdata: {cfg['loader_workers']} loader workers + 1 constructor")
 
 
 def run(quick: bool) -> dict[str, object]:
     if quick:
-        wanted = [dict(num_sources=16, ranks=4, tp=2, workers=2, loader_workers=2)]
-        sweep, sweep_cfg = (8, 16), dict(ranks=4, tp=2, workers=2, loader_workers=2)
+        wanted = [dict(num_sources=16, ranks=4, cp=2, workers=2, loader_workers=2)]
+        sweep, sweep_cfg = (8, 16), dict(ranks=4, cp=2, workers=2, loader_workers=2)
     else:
         # The target configuration first, then smaller ones if it cannot fit under LIMIT_MB here.
-        wanted = [dict(num_sources=64, ranks=r, tp=4, workers=w, loader_workers=4)
+        wanted = [dict(num_sources=64, ranks=r, cp=4, workers=w, loader_workers=4)
                   for r, w in ((16, 4), (16, 2), (8, 4), (8, 2))]
-        sweep, sweep_cfg = (8, 32, 64, 128, 256), dict(ranks=4, tp=2, workers=4, loader_workers=4)
+        sweep, sweep_cfg = (8, 32, 64, 128, 256), dict(ranks=4, cp=2, workers=4, loader_workers=4)
     figures: dict[str, object] = {}
 
     per_worker: dict[int, float] = {}

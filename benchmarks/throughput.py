@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import sys
 
+from benchmarks.baseline import IMAGE_TOKEN_ID
 from benchmarks.fleet import BaselineFleet, MdataFleet, cpu_seconds
 from benchmarks.harness import figure
 from benchmarks.mixture import WEIGHTS
@@ -40,8 +41,8 @@ SECONDS_PER_COST = 2e-10  # ~0.1 s of simulated compute for 2 x 4k tokens of lon
 
 def _config(quick: bool) -> dict:
     if quick:
-        return dict(ranks=4, tp=2, workers=2, loader_workers=2, warm=4, steps=24)
-    return dict(ranks=8, tp=2, workers=4, loader_workers=2, warm=6, steps=64)
+        return dict(ranks=4, cp=2, workers=2, loader_workers=2, warm=4, steps=24)
+    return dict(ranks=8, cp=2, workers=4, loader_workers=2, warm=6, steps=64)
 
 
 def _sources_and_weights():
@@ -51,7 +52,7 @@ def _sources_and_weights():
 
 def _baseline(cfg: dict) -> dict[str, float]:
     sources, weights = _sources_and_weights()
-    with BaselineFleet(sources, weights, ranks=cfg["ranks"], tp=cfg["tp"], workers=cfg["workers"],
+    with BaselineFleet(sources, weights, ranks=cfg["ranks"], group=cfg["cp"], workers=cfg["workers"],
                        max_tokens=MAX_TOKENS, micro_batches=MICRO_BATCHES) as fleet:
         fleet.run(cfg["warm"])
         pids = fleet.worker_pids()
@@ -65,10 +66,11 @@ def _baseline(cfg: dict) -> dict[str, float]:
 
 def _mdata(cfg: dict) -> dict[str, float]:
     sources, weights = _sources_and_weights()
-    dp = cfg["ranks"] // cfg["tp"]
+    dp = cfg["ranks"] // cfg["cp"]
     plan = (Plan(sources).mix(weights).cost(AttentionCost())
             .balance(micro_batches=MICRO_BATCHES, max_tokens=MAX_TOKENS, global_batch=dp * 8)
-            .distribute(ClientPlaceTree(dp=dp, tp=cfg["tp"])).seed(0))
+            .distribute(ClientPlaceTree(dp=dp, cp=cfg["cp"])).seed(0)
+            .special_tokens(image_token_id=IMAGE_TOKEN_ID))
     with MdataFleet(sources, plan, loader_workers=cfg["loader_workers"]) as fleet:
         fleet.run(cfg["warm"])
         pids = [fleet.host_pid, fleet.trainer_pid, *fleet.worker_pids]
@@ -88,7 +90,7 @@ def run(quick: bool) -> dict[str, object]:
     except Exception as exc:  # the runtime may not run here yet: say so, never invent a number
         print(f"throughput: mdata failed: {exc}", file=sys.stderr)
         ours, why = None, f"; mdata not measured: {type(exc).__name__}: {exc}"
-    setup = (f"{cfg['ranks']} ranks (tp={cfg['tp']}), baseline {cfg['workers']} workers/rank, mdata "
+    setup = (f"{cfg['ranks']} ranks (cp={cfg['cp']}), baseline {cfg['workers']} workers/rank, mdata "
              f"{cfg['loader_workers']} loader workers + 1 constructor; {cfg['steps']} steps of "
              f"{MICRO_BATCHES} x {MAX_TOKENS} tokens")
     per_core = None if ours is None else ours["samples_per_core_s"]
