@@ -26,13 +26,14 @@ __all__ = ["Loader", "submit_job"]
 _LOADER_STATE_VERSION = 1
 
 
-def _connect(address_or_client, timeout: float):
+def _connect(address_or_client, timeout: float, security=None):
     from distributed import Client
 
     if hasattr(address_or_client, "scheduler") and hasattr(address_or_client, "sync"):
         return address_or_client, False
     return (
-        Client(address_or_client, direct_to_workers=True, timeout=timeout, set_as_default=False),
+        Client(address_or_client, direct_to_workers=True, timeout=timeout, set_as_default=False,
+               security=security),
         True,
     )
 
@@ -78,10 +79,11 @@ class Loader:
         rank: int | None = None,
         world_size: int | None = None,
         steps: int | None = None,
-        prefetch: int = 2,
-        timeout: float = 120.0,
+        prefetch: int | None = None,
+        timeout: float | None = None,
         device=None,
         checkpoint: dict | None = None,
+        security=None,
     ) -> None:
         import mdata.batch_serialization  # noqa: F401
 
@@ -93,12 +95,16 @@ class Loader:
         self.world_size = int(world_size)
         self.job = job
         self.steps = steps
-        self.prefetch = max(1, int(prefetch))
-        self.timeout = float(timeout)
+        from mdata import config
+
+        self.prefetch = max(1, int(config.get("trainer.prefetch") if prefetch is None else prefetch))
+        self.timeout = float(config.seconds("trainer.timeout") if timeout is None else timeout)
+        self.poll_interval = config.seconds("trainer.poll-interval")
         self.device = device
         self.plan = plan
-        self.client, self._owns_client = _connect(cluster, timeout)
+        self.client, self._owns_client = _connect(cluster, self.timeout, security)
         self.info: dict | None = None
+        self.broadcast_source: int | None = None
         self._restore: dict | None = checkpoint
         self._next_step = 0
         self._consumed_checkpoint: dict | None = checkpoint
@@ -118,6 +124,18 @@ class Loader:
             self._validate_mesh(info)
             self.info = info
             self._next_step = int(info["start_step"])
+            from mdata.mesh import ClientPlaceTree
+
+            m = info["mesh"]
+            mesh = ClientPlaceTree(dp=m["dp"], pp=m["pp"], cp=m["cp"], tp=m["tp"], order=m["order"])
+            receivers = mesh.receivers(mesh.coordinate(self.rank).dp, info.get("broadcast"))
+            # Under broadcast_at(axis) only the axis' first rank receives; the others get the batch
+            # from it over the GPU interconnect, so this Loader yields only who to receive from.
+            self.broadcast_source = None if self.rank in receivers else min(
+                r for r in receivers
+                if all(getattr(mesh.coordinate(r), a) == getattr(mesh.coordinate(self.rank), a)
+                       for a in ("dp", "pp", "cp", "tp") if a != info.get("broadcast"))
+            )
         return self.info
 
     def _wait_for_job(self, job: str) -> dict:
@@ -177,6 +195,12 @@ class Loader:
         try:
             while not self._stop.is_set() and (end is None or step < end):
                 began = time.monotonic()
+                if self.broadcast_source is not None:
+                    item = (step, {"step": step, "micro_batches": None,
+                                   "broadcast_from": self.broadcast_source}, None)
+                    self._queue.put(item)
+                    step += 1
+                    continue
                 location = self._locate(step)
                 batch = self._fetch(location)
                 self.client.sync(
@@ -198,7 +222,7 @@ class Loader:
     def _locate(self, step: int) -> dict:
         deadline = time.monotonic() + self.timeout
         while True:
-            poll = max(0.1, min(5.0, deadline - time.monotonic()))
+            poll = max(0.1, min(self.poll_interval, deadline - time.monotonic()))
             reply = self.client.sync(
                 self.client.scheduler.mdata_batch_location,
                 job=self.job, rank=self.rank, step=step, timeout=poll,

@@ -146,9 +146,9 @@ def start_cluster(
     sources: Sequence,
     *,
     pools: Sequence[PoolSpec] | None = None,
-    constructors: int = 1,
-    constructor_threads: int = 2,
-    host: str = "127.0.0.1",
+    constructors: int | None = None,
+    constructor_threads: int | None = None,
+    host: str | None = None,
     dashboard_address: str | None = ":0",
     scheduler_port: int = 0,
     security=None,
@@ -160,6 +160,13 @@ def start_cluster(
     """
     from distributed import Scheduler, SpecCluster
 
+    from mdata import config
+
+    constructors = config.get("cluster.constructors") if constructors is None else constructors
+    constructor_threads = (
+        config.get("cluster.constructor-threads") if constructor_threads is None else constructor_threads
+    )
+    host = config.get("cluster.host") if host is None else host
     pools = list(pools) if pools is not None else default_pools(sources)
     served = {name for pool in pools for name in pool.sources}
     missing = [src.name for src in sources if src.name not in served]
@@ -173,7 +180,8 @@ def start_cluster(
             workers[f"{pool.name}-{i}"] = _worker(pool.threads, pool.resources, pool.memory_limit, host)
     for i in range(constructors):
         workers[f"constructor-{i}"] = _worker(
-            constructor_threads, {CONSTRUCTOR_RESOURCE: constructor_threads}, "4GiB", host
+            constructor_threads, {CONSTRUCTOR_RESOURCE: constructor_threads},
+            config.get("cluster.worker-memory-limit"), host,
         )
     scheduler_options = {
         "host": host,

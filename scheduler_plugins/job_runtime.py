@@ -58,6 +58,9 @@ class JobRuntime:
         self.started = time.time()
         self._tasks: set[asyncio.Task] = set()
         self._closed = False
+        from mdata import config
+
+        self.chunk_wait_s = config.seconds("constructor.chunk-wait")
 
     # -- events in -------------------------------------------------------------------------------
     async def handle(self, *events) -> None:
@@ -143,6 +146,7 @@ class JobRuntime:
             "cp": self.plan.mesh.cp,
             "pad_id": self.plan.pad_id,
             "image_token_id": self.plan.image_token_id,
+            "wait_s": self.chunk_wait_s,
         }
         key = ("mdata-construct", self.job, ins.step, ins.dp_rank)
         fut = self.client.submit(

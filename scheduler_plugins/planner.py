@@ -46,8 +46,10 @@ class PlannerPlugin(SchedulerPlugin):
     name = PLUGIN
     idempotent = True
 
-    def __init__(self, tick_ms: int = 50) -> None:
-        self.tick_ms = tick_ms
+    def __init__(self, tick_ms: int | None = None) -> None:
+        from mdata import config
+
+        self.tick_ms = tick_ms if tick_ms is not None else 1000 * config.seconds("planner.tick-interval")
         self.jobs: dict[str, JobRuntime] = {}
         self.scheduler = None
         self._client = None
