@@ -1,0 +1,232 @@
+"""A driver-side handle on one running job: its status, the story of a sample, its checkpoints.
+
+The Planner answers questions through named scheduler handlers (``mdata_status``, ``mdata_story``,
+``mdata_checkpoint``...). Calling them by hand means remembering handler names, wrapping each call
+in ``client.sync`` and turning the tuples Dask's comms deliver back into lists. :class:`JobHandle`
+does that once, so a notebook or a driver script reads like the questions it asks::
+
+    job = JobHandle.submit(client, plan, job="pretrain")
+    job.status()["counters"]["consumed_step"]
+    print(job.story("books/2/4"))           # loaded where, planned for which rank, consumed by whom
+    ckpt = job.checkpoint()                 # as of what every trainer consumed
+
+It holds no state of its own beyond the client and the job name: everything it returns is read
+from the Planner at the time of the call, so several handles (or processes) can watch one job.
+This module talks to the scheduler only through handler names; it imports no Dask server code.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from mdata.errors import MdataError
+from mdata.ids import SampleId
+
+__all__ = ["JobHandle", "SampleStory", "Occurrence"]
+
+
+def _plain(value: Any) -> Any:
+    """Tuples that Dask's comms deliver for lists become lists again (recursively)."""
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _as_sample_id(sample_id: SampleId | str | Sequence[Any]) -> SampleId:
+    if isinstance(sample_id, SampleId):
+        return sample_id
+    if isinstance(sample_id, str):
+        try:
+            return SampleId.parse(sample_id)
+        except ValueError as exc:
+            raise MdataError(str(exc)) from None
+    try:
+        source, shard, row = sample_id
+        return SampleId(str(source), int(shard), int(row))
+    except (TypeError, ValueError):
+        raise MdataError(
+            f"not a sample id: {sample_id!r}; give a SampleId, 'source/shard/row' or "
+            "(source, shard, row)"
+        ) from None
+
+
+@dataclass(frozen=True)
+class Occurrence:
+    """One occurrence of a sample in a job (a sample recurs once per epoch of its source)."""
+
+    lineage_id: int
+    events: tuple[dict[str, Any], ...]
+
+    def lines(self) -> list[str]:
+        """One readable sentence per lineage event, in the order they happened."""
+        out = []
+        for ev in self.events:
+            kind = ev.get("event")
+            if kind == "loaded":
+                out.append(f"loaded in chunk {ev['chunk']} on worker {ev['worker']}")
+            elif kind == "planned":
+                out.append(
+                    f"planned for step {ev['step']}, DP rank {ev['dp_rank']}, micro-batch "
+                    f"{ev['micro_batch']} at position {ev['position']} ({ev['num_tokens']} tokens, "
+                    f"order position {ev['cursor']})"
+                )
+            elif kind in ("delivered", "consumed"):
+                out.append(f"{kind} at step {ev['step']} by trainer ranks {list(ev['ranks'])}")
+            else:  # events added later still show, unformatted
+                out.append(", ".join(f"{k}={v}" for k, v in ev.items()))
+        return out
+
+
+@dataclass(frozen=True)
+class SampleStory:
+    """What happened to one sample in a job: one :class:`Occurrence` per time it was planned."""
+
+    job: str
+    sample_id: SampleId
+    occurrences: tuple[Occurrence, ...]
+
+    @property
+    def events(self) -> list[dict[str, Any]]:
+        """Every event of every occurrence, flattened, in order."""
+        return [ev for occ in self.occurrences for ev in occ.events]
+
+    def __str__(self) -> str:
+        if not self.occurrences:
+            return f"{self.sample_id} has not been planned in job {self.job!r} yet"
+        lines = [f"{self.sample_id} in job {self.job!r}:"]
+        for occ in self.occurrences:
+            lines.append(f"  occurrence {occ.lineage_id}:")
+            lines.extend(f"    - {line}" for line in occ.lines())
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        rows = "".join(
+            f"<tr><td>{occ.lineage_id}</td><td>{html.escape(line)}</td></tr>"
+            for occ in self.occurrences for line in occ.lines()
+        ) or "<tr><td colspan=2>not planned yet</td></tr>"
+        return (f"<div><strong>story of {html.escape(str(self.sample_id))}</strong> "
+                f"(job {html.escape(self.job)})<table><tr><th>occurrence</th><th>event</th></tr>"
+                f"{rows}</table></div>")
+
+
+class JobHandle:
+    """Ask the Planner about one job of an mdata cluster (see the module docstring).
+
+    ``client`` is a synchronous :class:`distributed.Client` connected to the cluster's scheduler.
+    """
+
+    def __init__(self, client, job: str = "default") -> None:
+        if not isinstance(job, str) or not job:
+            raise MdataError(f"a job name must be a non-empty string, got {job!r}")
+        self.client = client
+        self.job = job
+        self._names: tuple[str, ...] | None = None
+
+    @classmethod
+    def submit(cls, client, plan, *, job: str = "default", checkpoint: Mapping | None = None) -> "JobHandle":
+        """Register ``plan`` as ``job`` (idempotent for the same plan) and return its handle."""
+        from mdata.client import submit_job
+
+        submit_job(client, plan, job=job, checkpoint=None if checkpoint is None else dict(checkpoint))
+        handle = cls(client, job)
+        handle._names = tuple(plan.source_names)
+        return handle
+
+    @classmethod
+    def attach(cls, client, job: str) -> "JobHandle":
+        """A handle on a job someone else registered; raises MdataError if there is none."""
+        jobs = cls.jobs(client)
+        if job not in jobs:
+            raise MdataError(
+                f"no mdata job named {job!r} on the cluster at {client.scheduler.address} "
+                f"(jobs: {', '.join(jobs) or 'none'}); register it with JobHandle.submit(client, plan, job=...)"
+            )
+        return cls(client, job)
+
+    @staticmethod
+    def jobs(client) -> list[str]:
+        """Names of the jobs registered with the cluster's Planner."""
+        return list(client.sync(client.scheduler.mdata_jobs))
+
+    def _call(self, handler: str, **kwargs: Any) -> Any:
+        return _plain(self.client.sync(getattr(self.client.scheduler, handler), job=self.job, **kwargs))
+
+    # -- questions ---------------------------------------------------------------------------------
+    def info(self) -> dict[str, Any]:
+        """Fingerprint, mesh, world size and the first step trainers receive."""
+        return self._call("mdata_job_info")
+
+    def status(self) -> dict[str, Any]:
+        """A snapshot: per-step summaries (``steps``, keyed by step as a string), counters
+        (planned / balanced / consumed step, chunks, truncated and skipped samples), per-rank
+        consumption and wait time, pool targets, and ``failure`` (None while the job is healthy)."""
+        return self._call("mdata_status")
+
+    def step_summaries(self) -> list[dict[str, Any]]:
+        """The per-step summaries of :meth:`status`, as a list sorted by step."""
+        steps = self.status()["steps"]
+        return [steps[k] for k in sorted(steps, key=int)]
+
+    def consumed_step(self) -> int:
+        """The first step not yet consumed by every receiving rank (what a checkpoint resumes at)."""
+        return int(self.status()["counters"]["consumed_step"])
+
+    def story(self, sample_id: SampleId | str | Sequence[Any]) -> SampleStory:
+        """Where one sample (``SampleId``, ``"source/shard/row"`` or a tuple) came from and went."""
+        sid = _as_sample_id(sample_id)
+        reply = self._call("mdata_story", sample_id=str(sid))
+        occurrences = tuple(
+            Occurrence(int(item["lineage_id"]), tuple(item["events"])) for item in reply
+        )
+        return SampleStory(self.job, sid, occurrences)
+
+    def checkpoint(self, step: int | None = None) -> dict[str, Any]:
+        """The job's checkpoint as of having consumed every step before ``step`` (default: what
+        every rank has consumed so far). Pass it to ``submit(..., checkpoint=)`` on a fresh cluster
+        to replay the same samples from there."""
+        if step is None:
+            step = self.consumed_step()
+        return self._call("mdata_checkpoint", step=int(step))
+
+    def lineage(self, steps: int) -> dict[str, Any]:
+        """Planned sample ids per step and DP rank for steps ``[0, steps)``, and the exactly-once
+        report over them (``exactly_once``: ``ok``, ``samples``, ``skipped``, ``problems``)."""
+        return self._call("mdata_lineage", steps=int(steps))
+
+    def source_names(self) -> tuple[str, ...]:
+        """The plan's source names; ``source_index`` in batches refers to this order."""
+        if self._names is None:
+            self._names = tuple(self.checkpoint()["sources"])
+        return self._names
+
+    def sample_ids(self, batch: Mapping[str, Any] | Any) -> list[SampleId]:
+        """The readable ids of a batch's samples (a Loader item, or its ``sample_ids`` array)."""
+        raw = batch["sample_ids"] if isinstance(batch, Mapping) else batch
+        if hasattr(raw, "numpy"):
+            raw = raw.numpy()
+        ids = np.asarray(raw, dtype=np.int64).reshape(-1, 3)
+        names = self.source_names()
+        out = []
+        for source_index, shard, row in ids.tolist():
+            if not 0 <= source_index < len(names):
+                raise MdataError(
+                    f"job {self.job!r}: sample id ({source_index}, {shard}, {row}) names source "
+                    f"index {source_index}, but the plan has {len(names)} sources {list(names)}; "
+                    "was this batch from another job?"
+                )
+            out.append(SampleId(names[source_index], shard, row))
+        return out
+
+    def close(self) -> None:
+        """Close the job on the cluster: its chunks and batches are released (idempotent)."""
+        self._call("mdata_close_job")
+
+    def __repr__(self) -> str:
+        return f"JobHandle(job={self.job!r}, scheduler={self.client.scheduler.address!r})"
