@@ -61,8 +61,12 @@ def field_to_tensor(value: FieldValue) -> torch.Tensor:
 
 
 def micro_batch_to_torch(micro_batch: MicroBatch) -> dict[str, torch.Tensor]:
-    """CPU tensors of one micro-batch's fields, by name (zero-copy)."""
-    return {name: field_to_tensor(value) for name, value in micro_batch.fields.items()}
+    """CPU tensors of one micro-batch's fields, by name (zero-copy), plus its ``sample_ids``
+    (int64 ``[docs, 3]``: source index, shard, row of each packed document, in packing order), so a
+    trainer can attribute per-document loss to its source."""
+    out = {name: field_to_tensor(value) for name, value in micro_batch.fields.items()}
+    out["sample_ids"] = field_to_tensor(np.asarray(micro_batch.sample_ids, dtype=np.int64))
+    return out
 
 
 def _envelope(batch: Batch, micro_batches: list[dict[str, torch.Tensor]]) -> dict[str, Any]:
@@ -262,6 +266,7 @@ class BatchLander:
                     buffer, host = self.pool.stage(value)
                     staged.append(buffer)
                     out[name] = host.to(self.device, non_blocking=True)
+                out["sample_ids"] = field_to_tensor(np.asarray(mb.sample_ids, dtype=np.int64))
                 micro_batches.append(out)
             event = torch.cuda.Event()
             event.record(self.stream)

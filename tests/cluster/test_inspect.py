@@ -114,7 +114,9 @@ def test_story_of_a_received_sample(run):
         assert delivered["ranks"] == [rank] and consumed["ranks"] == [rank]
         text = str(story)
         assert text.startswith(f"{sid} in job {JOB!r}:")
-        assert f"planned for step 1, DP rank {rank}" in text
+        assert f"planned for step 1, DP rank {rank}, micro-batch {planned['micro_batch']}" in text
+        assert f"delivered for step 1 to trainer ranks [{rank}]" in text
+        assert text.endswith(f"consumed at step 1 by trainer ranks [{rank}]")
         # the same story from the other spellings of the id
         assert handle.story(str(sid)) == story
         assert handle.story((sid.source, sid.shard, sid.row)) == story

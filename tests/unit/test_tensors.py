@@ -76,7 +76,7 @@ def test_received_batch_becomes_tensors_without_warnings_even_from_read_only_fra
 def test_middle_pipeline_stage_gets_only_metadata_tensors():
     batch = small_dp_batch(cp=2).for_rank(1, receives_tokens=False, receives_labels=False)
     mb = batch_to_torch(batch)["micro_batches"][0]
-    assert sorted(mb) == ["cu_seqlens", "cu_seqlens_global", "seqlens"]
+    assert sorted(mb) == ["cu_seqlens", "cu_seqlens_global", "sample_ids", "seqlens"]
     assert mb["cu_seqlens"].tolist() == [0, 2, 4] and mb["cu_seqlens_global"].tolist() == [0, 4, 8]
 
 

@@ -1,0 +1,274 @@
+"""mdata's dashboard panels and JSON routes against a live Planner running a small job.
+
+One job (DP 2 x CP 2, four trainer threads, three steps) runs on the module's embedded cluster;
+the panels are built and updated on the scheduler's event loop, as the Bokeh server does, and their
+data sources are checked against the job (steps, ranks, lineage from the DGraph) and against the
+JSON routes served by the same scheduler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.error
+import urllib.request
+
+import pytest
+from distributed.utils import sync
+
+from conftest import run_loaders
+from mdata.client import submit_job
+from mdata.demo import demo_plan
+from scheduler_plugins.dashboard.balance import BalancePanel
+from scheduler_plugins.dashboard.figures import STORY_COLUMNS
+from scheduler_plugins.dashboard.lineage import LineagePanel
+from scheduler_plugins.dashboard.mixture import MixturePanel
+from scheduler_plugins.dashboard.pages import PAGES
+from scheduler_plugins.dashboard.sources import SourcesPanel
+from scheduler_plugins.dashboard.trainers import TrainersPanel
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
+
+JOB = "dash"
+STEPS = 3
+DP, CP = 2, 2
+GLOBAL_BATCH = 16
+
+
+def on_loop(mdata_cluster, fn):
+    """Run ``fn`` on the scheduler's event loop once no job is planning (its lock is free)."""
+    scheduler = mdata_cluster.cluster.scheduler
+
+    async def call():
+        plugin = scheduler.extensions["mdata"]
+        while any(job.lock.locked() for job in plugin.jobs.values()):
+            await asyncio.sleep(0.01)
+        return fn(scheduler)
+
+    return sync(mdata_cluster.cluster.loop, call)
+
+
+def get_json(mdata_cluster, path: str) -> tuple[int, dict]:
+    base = mdata_cluster.dashboard_link.rsplit("/", 1)[0]
+    try:
+        with urllib.request.urlopen(f"{base}/{path}", timeout=10) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def _quiet(scheduler) -> bool:
+    runtime = scheduler.extensions["mdata"].jobs[JOB]
+    state = runtime.state
+    backlog = sum(f.backlog_chunks for f in runtime.source_meter.snapshot(0.0))
+    return backlog == 0 and state.balanced_step == state.planned_step and len(runtime.pool_targets) == len(state.names)
+
+
+@pytest.fixture(scope="module")
+def job(mdata_cluster, example_sources_small):
+    """Register the job, run three steps on four trainer ranks, wait until the Planner is idle."""
+    from distributed import Client
+
+    plan = demo_plan(example_sources_small, dp=DP, cp=CP, global_batch=GLOBAL_BATCH, max_tokens=4096)
+    with Client(mdata_cluster.scheduler_address, set_as_default=False, direct_to_workers=True) as client:
+        submit_job(client, plan, job=JOB)
+        run_loaders(client, job=JOB, world_size=DP * CP, steps=STEPS, keep=lambda b: b["step"])
+        lineage = client.sync(client.scheduler.mdata_lineage, job=JOB, steps=STEPS)
+    for _ in range(500):
+        if on_loop(mdata_cluster, _quiet):
+            break
+        sync(mdata_cluster.cluster.loop, asyncio.sleep, 0.02)
+    else:
+        pytest.fail("the Planner did not settle (backlog, planning, pool targets) within 10 s")
+    return {"plan": plan, "lineage": lineage, "names": [s.name for s in example_sources_small]}
+
+
+def build(mdata_cluster, cls, **kwargs):
+    def make(scheduler):
+        panel = cls(scheduler, **kwargs)
+        panel.update()
+        return panel
+
+    return on_loop(mdata_cluster, make)
+
+
+def test_pages_are_on_the_dashboard_and_listed_for_labextension(mdata_cluster):
+    status, plots = get_json(mdata_cluster, "individual-plots.json")
+    assert status == 200
+    listed = {title: url for title, url in plots.items() if "mdata" in url}
+    assert listed == {
+        "Individual Mdata Sources": "/individual-mdata-sources",
+        "Individual Mdata Mixture": "/individual-mdata-mixture",
+        "Individual Mdata Balance": "/individual-mdata-balance",
+        "Individual Mdata Trainers": "/individual-mdata-trainers",
+        "Individual Mdata Lineage": "/individual-mdata-lineage",
+    }
+    assert set(listed.values()) == set(PAGES)
+    base = mdata_cluster.dashboard_link.rsplit("/", 1)[0]
+    for route in PAGES:
+        with urllib.request.urlopen(base + route, timeout=30) as reply:
+            assert reply.status == 200
+            assert "bokeh" in reply.read().decode().lower()
+
+
+def test_trainers_panel_counts_every_rank_and_step(mdata_cluster, job):
+    panel = build(mdata_cluster, TrainersPanel)
+    data = panel.source.data
+    assert list(data["rank"]) == ["0", "1", "2", "3"]
+    assert list(data["steps_consumed"]) == [STEPS] * 4
+    assert list(data["last_step"]) == [STEPS - 1] * 4
+    assert all(w >= 0.0 for w in data["wait_s"])
+    lines = panel.steps_source.data
+    assert list(lines["rank"]) == ["rank 0", "rank 1", "rank 2", "rank 3"]
+    assert [list(xs) for xs in lines["xs"]] == [list(range(STEPS))] * 4
+    for total, per_step in zip(data["wait_s"], lines["ys"]):
+        assert sum(per_step) == pytest.approx(total)
+    assert "job <b>dash</b>" in panel.message.text
+
+    status, api = get_json(mdata_cluster, f"mdata/api/{JOB}/trainers")
+    assert status == 200
+    assert api["rank"] == [0, 1, 2, 3]
+    assert api["steps_consumed"] == list(data["steps_consumed"])
+    assert api["last_step"] == list(data["last_step"])
+    assert api["wait_s"] == pytest.approx(list(data["wait_s"]))
+    assert api["wait_by_step"]["3"] == pytest.approx({str(s): y for s, y in zip(range(STEPS), lines["ys"][3])})
+
+
+def test_mixture_panel_matches_the_lineage_of_each_step(mdata_cluster, job):
+    panel = build(mdata_cluster, MixturePanel)
+    data = panel.source.data
+    names = job["names"]
+    assert list(data["source_name"]) == [n for n in names for _ in range(3)]
+    assert list(data["kind"]) == ["target", "realized", "cumulative"] * len(names)
+    status, api = get_json(mdata_cluster, f"mdata/api/{JOB}/mixture")
+    assert status == 200
+    steps = api["steps"]
+    assert steps == list(range(len(steps))) and len(steps) >= STEPS
+    assert all(list(xs) == steps for xs in data["xs"])
+
+    # counts per source and step, independently from the DGraph's planned sample ids
+    for step in range(STEPS):
+        ids = [tuple(i) for dp in range(DP) for i in job["lineage"]["samples"][str(step)][str(dp)]]
+        assert len(ids) == GLOBAL_BATCH
+        for si, name in enumerate(names):
+            assert api["counts"][name][step] == sum(1 for i in ids if i[0] == si)
+    weights = {"chat": 3.0, "scenes": 2.0, "books": 1.0, "code": 2.0, "captions": 1.5}
+    total = sum(weights[n] for n in names)
+    for i, name in enumerate(names):
+        target, realized, cumulative = (list(data["ys"][3 * i + k]) for k in range(3))
+        assert target == pytest.approx([weights[name] / total] * len(steps))
+        assert realized == pytest.approx([c / GLOBAL_BATCH for c in api["counts"][name]])
+        running = [sum(api["counts"][name][: k + 1]) / (GLOBAL_BATCH * (k + 1)) for k in range(len(steps))]
+        assert cumulative == pytest.approx(running)
+        assert (target, realized, cumulative) == (api["target"][name], api["realized"][name],
+                                                  api["cumulative"][name])
+
+
+def test_balance_panel_holds_every_rank_cost_and_the_lower_bound(mdata_cluster, job):
+    panel = build(mdata_cluster, BalancePanel)
+    status, api = get_json(mdata_cluster, f"mdata/api/{JOB}/balance")
+    assert status == 200
+    n = len(api["steps"])
+    assert n >= STEPS and api["dp"] == DP
+    data = panel.source.data
+    assert list(data["step"]) == [s for s in api["steps"] for _ in range(DP)]
+    assert list(data["rank"]) == [0, 1] * n
+    assert list(data["cost"]) == [c for costs in api["per_rank_cost"] for c in costs]
+    steps = panel.step_source.data
+    assert list(steps["step"]) == api["steps"]
+    assert list(steps["lower_bound"]) == api["lower_bound"]
+    for costs, lb, mx, ratio in zip(api["per_rank_cost"], api["lower_bound"], api["max_cost"],
+                                    api["max_over_lower_bound"]):
+        assert mx == max(costs) >= lb >= sum(costs) / DP
+        assert ratio == pytest.approx(mx / lb)
+    assert list(steps["max_over_lower_bound"]) == api["max_over_lower_bound"]
+
+
+def test_sources_panel_shows_loads_backlog_and_pool_targets(mdata_cluster, job):
+    panel = build(mdata_cluster, SourcesPanel)
+    data = panel.source.data
+    names = job["names"]
+    assert list(data["source"]) == names
+    assert list(panel.rate.x_range.factors) == names
+    assert list(data["backlog_chunks"]) == [0] * len(names)
+    assert list(data["backlog_rows"]) == [0] * len(names)
+    assert list(data["failed_chunks"]) == [0] * len(names)
+    assert list(data["pool_workers"]) == [1] * len(names)  # default pools: one worker each
+    planned = {n: 0 for n in names}
+    for step in range(STEPS):
+        for dp in range(DP):
+            for si, _, _ in job["lineage"]["samples"][str(step)][str(dp)]:
+                planned[names[si]] += 1
+    for name, loaded in zip(names, data["loaded_samples"]):
+        assert loaded >= planned[name] > 0  # a sample is planned only once its chunk loaded
+    for name, target, reason in zip(names, data["target"], data["reason"]):
+        assert int(target) >= 1
+        assert reason.startswith(f"{name}: ") and reason.endswith(f"{target} workers")
+
+    status, api = get_json(mdata_cluster, f"mdata/api/{JOB}/sources")
+    assert status == 200
+    for column in ("source", "loaded_samples", "backlog_chunks", "backlog_rows", "failed_chunks",
+                   "pool_workers", "reason"):
+        assert api[column] == list(data[column]), column
+    assert [str(t) for t in api["target_workers"]] == list(data["target"])
+
+
+def test_lineage_panel_and_route_tell_the_same_story(mdata_cluster, job):
+    source_index, shard, row = job["lineage"]["samples"]["1"]["1"][0]  # step 1, DP rank 1
+    sample_id = f"{job['names'][source_index]}/{shard}/{row}"
+    panel = build(mdata_cluster, LineagePanel, sample_id=sample_id)
+    data = panel.source.data
+    events = list(data["event"])
+    assert events[:1] == ["loaded"] and events[-3:] == ["planned", "delivered", "consumed"]
+    planned = events.index("planned")
+    assert (data["step"][planned], data["dp_rank"][planned]) == ("1", "1")
+    assert data["ranks"][events.index("consumed")] == "2, 3"  # DP rank 1 = ranks 2 and 3 with CP 2
+    assert panel.result.text == f"{sample_id}: 1 occurrence(s), {len(events)} event(s)"
+    assert panel.input.placeholder.startswith("e.g. ")
+
+    status, api = get_json(mdata_cluster, f"mdata/api/{JOB}/story/{sample_id}")
+    assert status == 200
+    assert api["columns"] == list(STORY_COLUMNS)
+    for column in STORY_COLUMNS:
+        cells = ["" if r[column] is None else
+                 ", ".join(map(str, r[column])) if isinstance(r[column], list) else str(r[column])
+                 for r in api["rows"]]
+        assert cells == list(data[column]), column
+
+
+def test_unknown_names_answer_with_what_exists(mdata_cluster, job):
+    panel = build(mdata_cluster, LineagePanel, sample_id="nosuch/0/1")
+    assert list(panel.source.data["event"]) == []
+    assert "unknown source 'nosuch' in sample id 'nosuch/0/1'" in panel.result.text
+    status, api = get_json(mdata_cluster, f"mdata/api/{JOB}/story/nosuch/0/1")
+    assert status == 404 and "unknown source 'nosuch'" in api["error"]
+    status, api = get_json(mdata_cluster, "mdata/api/nojob/balance")
+    assert (status, api["error"]) == (404, "no mdata job named 'nojob'; jobs: ['dash']")
+    status, api = get_json(mdata_cluster, f"mdata/api/{JOB}/costs")
+    assert status == 404
+    assert api["error"] == "no mdata figures named 'costs'; choose one of ['balance', 'mixture', 'sources', 'trainers']"
+
+
+def test_jobs_route_and_selector_follow_the_latest_job_unless_one_is_picked(mdata_cluster, job,
+                                                                           example_sources_small):
+    from distributed import Client
+
+    pinned = build(mdata_cluster, TrainersPanel)
+    pinned.jobs.widget.value = JOB  # as a user picking it in the browser would
+    plan = demo_plan(example_sources_small, dp=1, cp=1, global_batch=4, max_tokens=4096)
+    with Client(mdata_cluster.scheduler_address, set_as_default=False) as client:
+        submit_job(client, plan, job="second")
+        try:
+            status, api = get_json(mdata_cluster, "mdata/api/jobs")
+            assert status == 200
+            assert [j["job"] for j in api["jobs"]] == [JOB, "second"] and api["latest"] == "second"
+            assert api["jobs"][0]["consumed_step"] == STEPS and api["jobs"][1]["world_size"] == 1
+            follower = build(mdata_cluster, TrainersPanel)
+            assert follower.jobs.widget.value == "second"
+            assert list(follower.jobs.widget.options) == [JOB, "second"]
+            assert list(follower.source.data["rank"]) == []  # no trainer of 'second' ran
+            on_loop(mdata_cluster, lambda s: pinned.update())
+            assert pinned.jobs.widget.value == JOB
+            assert list(pinned.source.data["steps_consumed"]) == [STEPS] * 4
+        finally:
+            client.sync(client.scheduler.mdata_close_job, job="second")
