@@ -77,8 +77,10 @@ class Occurrence:
                     f"{ev['micro_batch']} at position {ev['position']} ({ev['num_tokens']} tokens, "
                     f"order position {ev['cursor']})"
                 )
-            elif kind in ("delivered", "consumed"):
-                out.append(f"{kind} at step {ev['step']} by trainer ranks {list(ev['ranks'])}")
+            elif kind == "delivered":
+                out.append(f"delivered for step {ev['step']} to trainer ranks {list(ev['ranks'])}")
+            elif kind == "consumed":
+                out.append(f"consumed at step {ev['step']} by trainer ranks {list(ev['ranks'])}")
             else:  # events added later still show, unformatted
                 out.append(", ".join(f"{k}={v}" for k, v in ev.items()))
         return out
