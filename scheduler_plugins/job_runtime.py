@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from mdata import planner_state as ps
+from mdata.observe import SourceMeter, TrainerMeter
 from workers.constructor import construct_task
 from workers.loader import chunk_summary_task, load_chunk_task
 
@@ -56,6 +57,9 @@ class JobRuntime:
         self.wait_seconds: dict[int, float] = defaultdict(float)
         self.consumed_steps: dict[int, int] = {}
         self.started = time.time()
+        # What the dashboard shows (mdata.observe): loads per source, trainer waits per step.
+        self.source_meter = SourceMeter(tuple(state.names), now=time.monotonic())
+        self.trainer_meter = TrainerMeter()
         self._tasks: set[asyncio.Task] = set()
         self._closed = False
         from mdata import config
@@ -78,7 +82,8 @@ class JobRuntime:
 
     async def tick(self) -> None:
         if not self.lock.locked():
-            await self.handle(ps.Tick(stimulus_id=f"tick-{time.monotonic():.3f}"))
+            now = time.monotonic()  # the clock feeds step-rate measurement and pool sizing
+            await self.handle(ps.Tick(now=now, stimulus_id=f"tick-{now:.3f}"))
 
     def worker_lost(self, address: str) -> None:
         self._spawn(self.handle(ps.WorkerLost(worker=address, stimulus_id=f"lost-{address}")))
@@ -104,17 +109,22 @@ class JobRuntime:
         meta_key = ("mdata-summary",) + tuple(chunk.key[1:])
         meta = self.client.submit(chunk_summary_task, fut, key=meta_key, resources=resources, pure=False)
         self.chunk_futures[chunk.key] = fut
+        self.source_meter.requested(chunk.source, chunk.stop - chunk.start)
         self._spawn(self._await_summary(chunk, fut, meta))
 
     async def _await_summary(self, chunk, fut, meta) -> None:
         try:
             summary = await meta
         except Exception as exc:  # the load task raised: a typed SourceError naming the shard/row
+            self.source_meter.failed(chunk.source, rows=chunk.stop - chunk.start)
             await self.handle(ps.ChunkFailed(chunk=chunk, error=str(exc), stimulus_id=f"failed-{chunk.key}"))
             return
         finally:
             meta.release()
         who = self.who_has(chunk.key)
+        self.source_meter.loaded(chunk.source, rows=chunk.stop - chunk.start,
+                                 samples=len(summary["rows"]), seconds=summary["seconds"],
+                                 now=time.monotonic())
         await self.handle(
             ps.ChunkLoaded(
                 chunk=chunk,
@@ -211,6 +221,9 @@ class JobRuntime:
                 return {"status": "timeout"}
             finally:
                 self.wait_seconds[rank] += time.monotonic() - began
+                self.trainer_meter.waited(rank, step, time.monotonic() - began)
+        else:
+            self.trainer_meter.waited(rank, step, 0.0)
         if self.failure is not None:
             return {"status": "failed", "error": self.failure}
         if key in self.batch_errors:
@@ -239,6 +252,7 @@ class JobRuntime:
 
     async def acknowledge(self, rank: int, step: int, wait_s: float = 0.0) -> None:
         self.consumed_steps[rank] = max(self.consumed_steps.get(rank, -1), step)
+        self.trainer_meter.consumed(rank, step)
         dp_rank = self.plan.mesh.coordinate(rank).dp
         await self.handle(
             ps.BatchDelivered(step=step, dp_rank=dp_rank, ranks=(rank,), stimulus_id=f"delivered-{rank}-{step}"),

@@ -25,6 +25,8 @@ from mdata import planner_state as ps
 from mdata.checkpoint import Checkpoint
 from mdata.errors import MdataError, PlanError
 from mdata.ids import SampleId
+from scheduler_plugins.dashboard.pages import register_pages
+from scheduler_plugins.dashboard_routes import register_routes
 from scheduler_plugins.job_runtime import JobRuntime, pool_resource
 from workers.loader import as_key
 from workers.plugin import PLUGIN_NAME, MdataWorkerPlugin
@@ -32,6 +34,11 @@ from workers.plugin import PLUGIN_NAME, MdataWorkerPlugin
 logger = logging.getLogger("mdata.planner")
 
 PLUGIN = "mdata-planner"
+
+# A preload module is imported before the scheduler builds its dashboard and HTTP routes
+# (DESIGN.md section 9), so registering mdata's pages and JSON routes here puts them on it.
+register_pages()
+register_routes()
 
 
 def _list_shards_task(source):

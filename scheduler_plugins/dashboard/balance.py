@@ -1,0 +1,67 @@
+"""Balance panel: each DP rank's cost per step against the lower bound, and the imbalance.
+
+A synchronous step takes as long as its most expensive rank; no assignment can beat the lower
+bound ``max(total / ranks, largest sample)``. The first plot shows every rank's cost (dots) with
+the lower bound (line); the second the ratio max / lower bound over time (1.0 is perfect).
+"""
+
+from __future__ import annotations
+
+from bokeh.layouts import column, row
+from bokeh.models import ColumnDataSource, Div
+from bokeh.plotting import figure
+
+from scheduler_plugins.dashboard.common import JobSelect, colour, job_message, show
+from scheduler_plugins.dashboard.figures import balance_figures
+
+COLUMNS = ("step", "rank", "cost", "color")
+STEP_COLUMNS = ("step", "lower_bound", "max_cost", "mean_cost", "max_over_lower_bound", "max_over_mean")
+
+
+class BalancePanel:
+    """Per-rank cost per step and imbalance over time for one job."""
+
+    def __init__(self, scheduler, job: str | None = None, **kwargs) -> None:
+        self.scheduler = scheduler
+        self.jobs = JobSelect(scheduler, job)
+        self.source = ColumnDataSource({c: [] for c in COLUMNS})  # one row per (step, rank)
+        self.step_source = ColumnDataSource({c: [] for c in STEP_COLUMNS})  # one row per step
+        self.cost = figure(title="cost per DP rank (dots) vs lower bound (line)", height=300,
+                           sizing_mode="stretch_width", x_axis_label="step", y_axis_label="cost",
+                           tools="pan,wheel_zoom,reset")
+        self.cost.line(x="step", y="lower_bound", color="black", line_width=2, legend_label="lower bound",
+                       source=self.step_source)
+        self.cost.scatter(x="step", y="cost", color="color", size=7, source=self.source)
+        self.cost.legend.location = "top_left"
+        self.imbalance = figure(title="imbalance: max cost / lower bound", height=260,
+                                sizing_mode="stretch_width", x_axis_label="step",
+                                tools="pan,wheel_zoom,reset")
+        self.imbalance.line(x="step", y="max_over_lower_bound", line_width=2, color=colour(3),
+                            legend_label="max / lower bound", source=self.step_source)
+        self.imbalance.line(x="step", y="max_over_mean", line_width=1, line_dash="dashed",
+                            color=colour(0), legend_label="max / mean", source=self.step_source)
+        self.imbalance.legend.location = "top_left"
+        self.message = Div()
+        self.root = column(row(self.jobs.widget, self.message), self.cost, self.imbalance, **kwargs)
+
+    def update(self) -> None:
+        runtime = self.jobs.current()
+        self.message.text = job_message(self.scheduler, runtime)
+        if runtime is None:
+            self.source.data = {c: [] for c in COLUMNS}
+            self.step_source.data = {c: [] for c in STEP_COLUMNS}
+            return
+        figs = balance_figures(runtime)
+        data = {c: [] for c in COLUMNS}
+        for step, costs in zip(figs["steps"], figs["per_rank_cost"]):
+            for rank, cost in enumerate(costs):
+                data["step"].append(step)
+                data["rank"].append(rank)
+                data["cost"].append(cost)
+                data["color"].append(colour(rank))
+        self.source.data = data
+        self.step_source.data = {c: list(figs[c if c != "step" else "steps"]) for c in STEP_COLUMNS}
+
+
+def balance_doc(scheduler, extra, doc) -> None:
+    show(doc, BalancePanel(scheduler, sizing_mode="stretch_both"), "balance")

@@ -1,0 +1,115 @@
+"""What every panel shares: finding the Planner and its jobs, the job selector, colours.
+
+The Planner plugin puts itself at ``scheduler.extensions["mdata"]`` when it starts; a page opened
+before that (or on a scheduler without the preload) must say so instead of failing, so every
+lookup here returns ``None`` rather than raising.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from bokeh.models import Select
+from bokeh.palettes import Category10_10
+
+if TYPE_CHECKING:
+    from scheduler_plugins.job_runtime import JobRuntime
+
+PALETTE = Category10_10
+NO_PLANNER = "no mdata Planner on this scheduler (start it with --preload scheduler_plugins.planner)"
+LATEST = "(latest job)"
+NO_JOB = "no mdata job registered yet (mdata.client.submit_job or a Loader with plan=)"
+
+
+def planner(scheduler) -> Any | None:
+    """The running :class:`~scheduler_plugins.planner.PlannerPlugin`, or ``None``."""
+    return scheduler.extensions.get("mdata")
+
+
+def job_names(scheduler) -> list[str]:
+    """Registered jobs in registration order (the most recent last)."""
+    plugin = planner(scheduler)
+    return list(plugin.jobs) if plugin is not None else []
+
+
+def find_job(scheduler, name: str | None) -> "JobRuntime | None":
+    """Job ``name``, or the most recently registered one when ``name`` is None or gone."""
+    plugin = planner(scheduler)
+    if plugin is None or not plugin.jobs:
+        return None
+    if name is not None and name in plugin.jobs:
+        return plugin.jobs[name]
+    return plugin.jobs[next(reversed(plugin.jobs))]
+
+
+def colour(i: int) -> str:
+    return PALETTE[i % len(PALETTE)]
+
+
+class JobSelect:
+    """A job selector whose first choice follows the most recent job; any other choice pins a job.
+
+    Following is its own option because choosing the job already shown would change nothing in the
+    browser, and so could not pin it. Setting a Select's value from Python fires its ``on_change``
+    callbacks like a user's choice would; a guard tells the two apart. A pinned job that is closed
+    falls back to following.
+    """
+
+    def __init__(self, scheduler, job: str | None = None, **kwargs) -> None:
+        self.scheduler = scheduler
+        self.pinned = job
+        self._refreshing = False
+        self.widget = Select(title="job", options=[LATEST], value=LATEST, width=220, **kwargs)
+        self.widget.on_change("value", self._chosen)
+
+    def _chosen(self, attr, old, new) -> None:
+        if not self._refreshing:
+            self.pinned = None if new in (LATEST, "") else new
+
+    def current(self) -> "JobRuntime | None":
+        """Refresh the options and return the job to show."""
+        names = job_names(self.scheduler)
+        if self.pinned is not None and self.pinned not in names:
+            self.pinned = None
+        runtime = find_job(self.scheduler, self.pinned)
+        options = [LATEST, *names]
+        value = self.pinned if self.pinned is not None else LATEST
+        self._refreshing = True
+        try:
+            if list(self.widget.options) != options:
+                self.widget.options = options
+            if self.widget.value != value:
+                self.widget.value = value
+        finally:
+            self._refreshing = False
+        return runtime
+
+
+def show(doc, component, title: str, interval_ms: int = 1000) -> None:
+    """Put a panel on a Bokeh document and refresh it every ``interval_ms``, as distributed does.
+
+    The periodic callback holds the component through a weak reference (distributed's
+    ``add_periodic_callback``), so a closed browser tab does not keep the panel alive.
+    """
+    from distributed.dashboard.components import add_periodic_callback
+    from distributed.dashboard.components.scheduler import BOKEH_THEME
+
+    component.update()
+    add_periodic_callback(doc, component, interval_ms)
+    doc.add_root(component.root)
+    doc.title = f"mdata: {title}"
+    doc.theme = BOKEH_THEME
+
+
+def job_message(scheduler, runtime: "JobRuntime | None") -> str:
+    """One line above a panel: which job it shows and how far it is, or why it shows nothing."""
+    if planner(scheduler) is None:
+        return NO_PLANNER
+    if runtime is None:
+        return NO_JOB
+    state = runtime.state
+    text = (f"job <b>{runtime.job}</b>: balanced {int(state.balanced_step)} steps, "
+            f"consumed {int(state.consumed_step)}")
+    if runtime.failure:
+        text += f"; <b>failed</b>: {runtime.failure.splitlines()[0]}"
+    return text

@@ -1,0 +1,176 @@
+"""The figures behind every mdata dashboard panel and JSON route, as JSON-friendly columns.
+
+Panels and routes both call these functions, so what a page draws and what ``/mdata/api/...``
+answers are the same numbers. Each function reads one job's runtime (step summaries recorded from
+the Planner's ``StepReady`` instructions, pool targets with their reasons, the meters of
+:mod:`mdata.observe`) and the scheduler's worker table; none of them changes anything. They run on
+the scheduler's event loop, where the runtime's own bookkeeping runs, so they see it consistently;
+only the DGraph is also written by the planning thread, which is why :func:`story_rows` is called
+with the runtime's lock free (see its docstring).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from mdata.errors import MdataError
+from mdata.ids import SampleId
+
+if TYPE_CHECKING:
+    from scheduler_plugins.job_runtime import JobRuntime
+
+__all__ = [
+    "job_summary", "sources_figures", "mixture_figures", "balance_figures", "trainers_figures",
+    "story_rows", "STORY_COLUMNS",
+]
+
+NO_TARGET_REASON = "no target yet: the Planner sizes pools once it has measured load times and a step rate"
+
+
+def _steps(runtime: "JobRuntime") -> list[dict]:
+    return [runtime.step_summaries[s] for s in sorted(runtime.step_summaries)]
+
+
+def job_summary(runtime: "JobRuntime") -> dict[str, Any]:
+    """One line of ``/mdata/api/jobs``: identity, progress and health of a job."""
+    state = runtime.state
+    return {
+        "job": runtime.job,
+        "fingerprint": runtime.plan.fingerprint(),
+        "sources": list(state.names),
+        "world_size": runtime.plan.mesh.world_size,
+        "dp": runtime.plan.mesh.dp,
+        "uptime_s": time.time() - runtime.started,
+        "planned_step": int(state.planned_step),
+        "balanced_step": int(state.balanced_step),
+        "consumed_step": int(state.consumed_step),
+        "failure": runtime.failure,
+    }
+
+
+def pool_workers(scheduler, source: str) -> int:
+    """How many workers hold the source's pool resource (``pool_<source>``) right now."""
+    resource = f"pool_{source}"
+    return sum(1 for ws in scheduler.workers.values() if ws.resources.get(resource, 0) > 0)
+
+
+def sources_figures(runtime: "JobRuntime", *, now: float | None = None) -> dict[str, Any]:
+    """Per source: samples/s (recent window), loaded samples, backlog, pool size and target."""
+    now = time.monotonic() if now is None else now
+    figures = runtime.source_meter.snapshot(now)
+    cols: dict[str, list] = {k: [] for k in (
+        "source", "samples_per_s", "loaded_samples", "loaded_chunks", "failed_chunks",
+        "backlog_chunks", "backlog_rows", "pool_workers", "target_workers", "reason")}
+    for f in figures:
+        target = runtime.pool_targets.get(f.source)
+        cols["source"].append(f.source)
+        cols["samples_per_s"].append(f.samples_per_s)
+        cols["loaded_samples"].append(f.loaded_samples)
+        cols["loaded_chunks"].append(f.loaded_chunks)
+        cols["failed_chunks"].append(f.failed_chunks)
+        cols["backlog_chunks"].append(f.backlog_chunks)
+        cols["backlog_rows"].append(f.backlog_rows)
+        cols["pool_workers"].append(pool_workers(runtime.scheduler, f.source))
+        cols["target_workers"].append(None if target is None else int(target["workers"]))
+        cols["reason"].append(NO_TARGET_REASON if target is None else str(target["reason"]))
+    return {"job": runtime.job, "window_s": runtime.source_meter.window_s, **cols}
+
+
+def mixture_figures(runtime: "JobRuntime") -> dict[str, Any]:
+    """Per source and balanced step: target weight, realized weight, cumulative realized weight.
+
+    The realized weight of a step is the source's share of the step's samples; the cumulative one
+    is its share of all samples so far, which is what an exact mixture keeps on target.
+    """
+    names = list(runtime.state.names)
+    steps = _steps(runtime)
+    out: dict[str, Any] = {"job": runtime.job, "sources": names,
+                           "steps": [int(s["step"]) for s in steps]}
+    target = {n: [] for n in names}
+    realized = {n: [] for n in names}
+    cumulative = {n: [] for n in names}
+    counts = {n: [] for n in names}
+    running = {n: 0 for n in names}
+    running_total = 0
+    for s in steps:
+        total = sum(int(s["counts"][n]) for n in names)
+        running_total += total
+        for n in names:
+            c = int(s["counts"][n])
+            running[n] += c
+            counts[n].append(c)
+            target[n].append(float(s["target_weights"][n]))
+            realized[n].append(c / total if total else 0.0)
+            cumulative[n].append(running[n] / running_total if running_total else 0.0)
+    out.update(target=target, realized=realized, cumulative=cumulative, counts=counts)
+    return out
+
+
+def balance_figures(runtime: "JobRuntime") -> dict[str, Any]:
+    """Per balanced step: cost of each DP rank, the lower bound, and imbalance ratios."""
+    steps = _steps(runtime)
+    per_rank = [[float(c) for c in s["per_rank_cost"]] for s in steps]
+    return {
+        "job": runtime.job,
+        "dp": runtime.plan.mesh.dp,
+        "steps": [int(s["step"]) for s in steps],
+        "per_rank_cost": per_rank,
+        "lower_bound": [float(s["lower_bound"]) for s in steps],
+        "max_cost": [max(c) for c in per_rank],
+        "mean_cost": [sum(c) / len(c) for c in per_rank],
+        "max_over_lower_bound": [float(s["max_over_lower_bound"]) for s in steps],
+        "max_over_mean": [float(s["max_over_mean"]) for s in steps],
+    }
+
+
+def trainers_figures(runtime: "JobRuntime") -> dict[str, Any]:
+    """Per trainer rank: total wait for batches, steps consumed, last step, wait per step."""
+    figures = runtime.trainer_meter.snapshot()
+    return {
+        "job": runtime.job,
+        "world_size": runtime.plan.mesh.world_size,
+        "rank": [f.rank for f in figures],
+        "wait_s": [f.wait_s for f in figures],
+        "steps_consumed": [f.steps_consumed for f in figures],
+        "last_step": [f.last_step for f in figures],
+        "wait_by_step": {str(f.rank): {str(k): v for k, v in f.wait_by_step.items()} for f in figures},
+    }
+
+
+STORY_COLUMNS = ("lineage_id", "event", "step", "dp_rank", "micro_batch", "position",
+                 "num_tokens", "cursor", "chunk", "worker", "ranks")
+
+
+def _plain(value):
+    if hasattr(value, "item"):
+        return value.item()
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def story_rows(runtime: "JobRuntime", sample_id: str) -> list[dict[str, Any]]:
+    """Every event of every occurrence (one per epoch) of ``source/shard/row``, in order.
+
+    Each row has the keys of :data:`STORY_COLUMNS` (``None`` where an event has no such field).
+    Call it only while ``runtime.lock`` is free: the planning thread appends to the DGraph while
+    the lock is held, and reading it then could see a step half recorded.
+    """
+    try:
+        sid = SampleId.parse(sample_id)
+    except ValueError as exc:
+        raise MdataError(f"job {runtime.job!r}: {exc}") from None
+    graph = runtime.state.dgraph
+    if sid.source not in graph.sources:
+        raise MdataError(
+            f"job {runtime.job!r}: unknown source {sid.source!r} in sample id {sample_id!r}; "
+            f"sources: {list(graph.sources)}"
+        )
+    rows = []
+    for lineage_id in graph.find(sid.source, sid.shard, sid.row):
+        for event in graph.story(int(lineage_id)):
+            row = {c: _plain(event.get(c)) for c in STORY_COLUMNS}
+            row["lineage_id"] = int(lineage_id)
+            rows.append(row)
+    return rows

@@ -1,0 +1,93 @@
+"""Lineage panel: type a sample id ``source/shard/row`` and read its story as a table.
+
+Every occurrence of the sample (one per epoch it was planned in) appears with its events in
+order: loaded (chunk, worker), planned (step, DP rank, micro-batch, position, tokens), delivered
+and consumed (trainer ranks). The DGraph it reads is also written by the Planner's planning thread
+while the job's lock is held, so a refresh that finds the lock taken keeps the previous table and
+tries again at the next tick rather than read a step half recorded.
+"""
+
+from __future__ import annotations
+
+from bokeh.layouts import column, row
+from bokeh.models import ColumnDataSource, DataTable, Div, TableColumn, TextInput
+
+from mdata.errors import MdataError
+from scheduler_plugins.dashboard.common import JobSelect, job_message, show
+from scheduler_plugins.dashboard.figures import STORY_COLUMNS, story_rows
+
+INPUT_NAME = "mdata-lineage-input"
+PLACEHOLDER = "source/shard/row"
+
+
+def example_sample_id(runtime) -> str | None:
+    """The first sample planned for DP rank 0 at the oldest balanced step: a useful placeholder."""
+    graph = runtime.state.dgraph
+    for step in sorted(runtime.step_summaries):
+        ids = graph.samples(step, 0)
+        if len(ids):
+            info = graph.sample(int(ids[0]))
+            return f"{info['source']}/{info['shard']}/{info['row']}"
+    return None
+
+
+class LineagePanel:
+    """A sample id input and the story of that sample in one job."""
+
+    def __init__(self, scheduler, job: str | None = None, sample_id: str = "", **kwargs) -> None:
+        self.scheduler = scheduler
+        self.jobs = JobSelect(scheduler, job)
+        self.source = ColumnDataSource({c: [] for c in STORY_COLUMNS})
+        self.input = TextInput(title="sample id (source/shard/row), then Enter", value=sample_id,
+                               placeholder=PLACEHOLDER, name=INPUT_NAME, width=320)
+        self.input.on_change("value", lambda attr, old, new: self.update())
+        self.table = DataTable(
+            source=self.source, index_position=None, sizing_mode="stretch_both", min_height=200,
+            columns=[TableColumn(field=c, title=c.replace("_", " ")) for c in STORY_COLUMNS],
+        )
+        self.message = Div()
+        self.result = Div()
+        self.root = column(row(self.jobs.widget, self.message), row(self.input, self.result),
+                           self.table, **kwargs)
+
+    def update(self) -> None:
+        runtime = self.jobs.current()
+        self.message.text = job_message(self.scheduler, runtime)
+        if runtime is None:
+            self.source.data = {c: [] for c in STORY_COLUMNS}
+            return
+        if runtime.lock.locked():
+            return  # planning in progress: keep the table, the next tick retries (module docstring)
+        if self.input.placeholder == PLACEHOLDER:
+            example = example_sample_id(runtime)
+            if example is not None:
+                self.input.placeholder = f"e.g. {example}"
+        sample_id = self.input.value.strip()
+        rows: list[dict] = []
+        if not sample_id:
+            self.result.text = "enter a sample id to see its story"
+        else:
+            try:
+                rows = story_rows(runtime, sample_id)
+            except MdataError as exc:
+                self.result.text = f"<b>{exc}</b>"
+            else:
+                n = len({r["lineage_id"] for r in rows})
+                self.result.text = (f"{sample_id}: {n} occurrence(s), {len(rows)} event(s)" if rows
+                                    else f"{sample_id} has not been planned in job {runtime.job!r} yet")
+        self.source.data = {
+            c: [_cell(r[c]) for r in rows] for c in STORY_COLUMNS
+        }
+
+
+def _cell(value) -> str:
+    """Table cells as text: absent fields blank, rank lists comma-separated."""
+    if value is None:
+        return ""
+    if isinstance(value, list):
+        return ", ".join(map(str, value))
+    return str(value)
+
+
+def lineage_doc(scheduler, extra, doc) -> None:
+    show(doc, LineagePanel(scheduler, sizing_mode="stretch_both"), "lineage")
