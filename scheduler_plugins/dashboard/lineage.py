@@ -37,13 +37,14 @@ class LineagePanel:
     def __init__(self, scheduler, job: str | None = None, sample_id: str = "", **kwargs) -> None:
         self.scheduler = scheduler
         self.jobs = JobSelect(scheduler, job)
-        self.source = ColumnDataSource({c: [] for c in STORY_COLUMNS})
+        self.source = ColumnDataSource({c: [] for c in STORY_COLUMNS}, name="mdata-lineage-story")
         self.input = TextInput(title="sample id (source/shard/row), then Enter", value=sample_id,
                                placeholder=PLACEHOLDER, name=INPUT_NAME, width=320)
         self.input.on_change("value", lambda attr, old, new: self.update())
         self.table = DataTable(
             source=self.source, index_position=None, sizing_mode="stretch_both", min_height=200,
-            columns=[TableColumn(field=c, title=c.replace("_", " ")) for c in STORY_COLUMNS],
+            columns=[TableColumn(field=c, title=c.replace("_", " "), width=220 if c == "worker" else 90)
+                     for c in STORY_COLUMNS],
         )
         self.message = Div()
         self.result = Div()

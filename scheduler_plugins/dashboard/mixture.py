@@ -25,7 +25,7 @@ class MixturePanel:
     def __init__(self, scheduler, job: str | None = None, **kwargs) -> None:
         self.scheduler = scheduler
         self.jobs = JobSelect(scheduler, job)
-        self.source = ColumnDataSource({c: [] for c in COLUMNS})
+        self.source = ColumnDataSource({c: [] for c in COLUMNS}, name="mdata-mixture-lines")
         self.per_step = self._plot("weight per step: realized (solid) vs target (dashed)", "realized")
         self.cumulative = self._plot("cumulative weight: realized (solid) vs target (dashed)",
                                      "cumulative")

@@ -24,7 +24,7 @@ class SourcesPanel:
     def __init__(self, scheduler, job: str | None = None, **kwargs) -> None:
         self.scheduler = scheduler
         self.jobs = JobSelect(scheduler, job)
-        self.source = ColumnDataSource({c: [] for c in COLUMNS})
+        self.source = ColumnDataSource({c: [] for c in COLUMNS}, name="mdata-sources")
         self.rate = figure(title="loaded samples/s per source (recent window)", x_range=FactorRange(),
                            height=260, sizing_mode="stretch_width", tools="", toolbar_location=None)
         self.rate.vbar(x="source", top="samples_per_s", width=0.8, color="color", source=self.source)

@@ -24,8 +24,8 @@ class TrainersPanel:
     def __init__(self, scheduler, job: str | None = None, **kwargs) -> None:
         self.scheduler = scheduler
         self.jobs = JobSelect(scheduler, job)
-        self.source = ColumnDataSource({c: [] for c in COLUMNS})  # one row per rank
-        self.steps_source = ColumnDataSource({c: [] for c in STEP_COLUMNS})  # one line per rank
+        self.source = ColumnDataSource({c: [] for c in COLUMNS}, name="mdata-trainers")  # per rank
+        self.steps_source = ColumnDataSource({c: [] for c in STEP_COLUMNS}, name="mdata-trainers-steps")
         ranks = FactorRange()
         self.wait = figure(title="time waiting for batches (s) per rank", x_range=ranks, height=240,
                            sizing_mode="stretch_width", tools="", toolbar_location=None)
