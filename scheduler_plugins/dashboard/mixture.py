@@ -36,9 +36,9 @@ class MixturePanel:
         fig = figure(title=title, height=300, sizing_mode="stretch_width", x_axis_label="step",
                      y_axis_label="share of the step's samples", tools="pan,wheel_zoom,reset")
         fig.multi_line(xs="xs", ys="ys", line_color="color", line_dash="dashed", line_width=2,
-                       source=self.source, view=CDSView(filter=GroupFilter(column_name="kind", group="target")))
+                       source=self.source, view=_only("target"))
         fig.multi_line(xs="xs", ys="ys", line_color="color", line_width=2, legend_field="source_name",
-                       source=self.source, view=CDSView(filter=GroupFilter(column_name="kind", group=kind)))
+                       source=self.source, view=_only(kind))
         fig.legend.location = "top_left"
         fig.legend.orientation = "horizontal"
         return fig
@@ -57,6 +57,10 @@ class MixturePanel:
                     data["kind"].append(kind)
                     data["color"].append(colour(i))
         self.source.data = data
+
+
+def _only(kind: str) -> CDSView:
+    return CDSView(filter=GroupFilter(column_name="kind", group=kind))
 
 
 def mixture_doc(scheduler, extra, doc) -> None:

@@ -141,7 +141,8 @@ def test_trainers_panel_counts_every_rank_and_step(mdata_cluster, job):
     assert api["steps_consumed"] == list(data["steps_consumed"])
     assert api["last_step"] == list(data["last_step"])
     assert api["wait_s"] == pytest.approx(list(data["wait_s"]))
-    assert api["wait_by_step"]["3"] == pytest.approx({str(s): y for s, y in zip(range(STEPS), lines["ys"][3])})
+    assert api["wait_by_step"]["3"] == pytest.approx(
+        {str(s): y for s, y in zip(range(STEPS), lines["ys"][3])})
 
 
 def test_mixture_panel_matches_the_lineage_of_each_step(mdata_cluster, job):
@@ -257,7 +258,8 @@ def test_unknown_names_answer_with_what_exists(mdata_cluster, job):
     assert (status, api["error"]) == (404, "no mdata job named 'nojob'; jobs: ['dash']")
     status, api = get_json(mdata_cluster, f"mdata/api/{JOB}/costs")
     assert status == 404
-    assert api["error"] == "no mdata figures named 'costs'; choose one of ['balance', 'mixture', 'sources', 'trainers']"
+    assert api["error"] == ("no mdata figures named 'costs'; "
+                            "choose one of ['balance', 'mixture', 'sources', 'trainers']")
 
 
 def test_jobs_route_and_selector_follow_the_latest_job_unless_one_is_picked(mdata_cluster, job,

@@ -42,7 +42,8 @@ for (const model of doc.all_models) {
   const get = (k) => data instanceof Map ? data.get(k) : data[k];
   const keys = data instanceof Map ? Array.from(data.keys()) : Object.keys(data);
   const columns = {};
-  for (const k of keys) columns[k] = Array.from(get(k) ?? [], (v) => typeof v === "object" && v !== null ? Array.from(v) : v);
+  const plain = (v) => typeof v === "object" && v !== null ? Array.from(v) : v;
+  for (const k of keys) columns[k] = Array.from(get(k) ?? [], plain);
   out[model.name] = {length: model.get_length() ?? 0, columns: columns};
 }
 return out;
