@@ -1,7 +1,7 @@
 """JSON routes for the figures of mdata's dashboard pages, served by the scheduler's HTTP server.
 
     /mdata/api/jobs                                  every job: identity and progress
-    /mdata/api/<job>/sources | mixture | balance | trainers
+    /mdata/api/<job>/sources | mixture | balance | trainers   (mixture, balance: ?last=N steps)
     /mdata/api/<job>/story/<source>/<shard>/<row>    the lineage story of one sample
 
 The figures come from :mod:`scheduler_plugins.dashboard.figures`, as the pages' do. distributed
@@ -76,9 +76,17 @@ class FiguresHandler(_JSONHandler):
         if build is None:
             self.fail(404, f"no mdata figures named {panel!r}; choose one of {sorted(FIGURES)}")
             return
+        kwargs = {}
+        last = self.get_query_argument("last", None)
+        if last is not None:
+            if panel not in ("mixture", "balance") or not last.isdigit():
+                self.fail(400, f"?last= takes a number of steps and applies to mixture and balance, "
+                               f"not {panel!r} with {last!r}")
+                return
+            kwargs["last"] = int(last)
         runtime = self._runtime(job)
         if runtime is not None:
-            self.write_json(build(runtime))
+            self.write_json(build(runtime, **kwargs))
 
 
 class StoryHandler(_JSONHandler):

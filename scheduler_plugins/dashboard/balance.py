@@ -21,8 +21,9 @@ STEP_COLUMNS = ("step", "lower_bound", "max_cost", "mean_cost", "max_over_lower_
 class BalancePanel:
     """Per-rank cost per step and imbalance over time for one job."""
 
-    def __init__(self, scheduler, job: str | None = None, **kwargs) -> None:
+    def __init__(self, scheduler, job: str | None = None, *, last_steps: int = 1000, **kwargs) -> None:
         self.scheduler = scheduler
+        self.last_steps = last_steps  # the browser redraws every point each second: keep it bounded
         self.jobs = JobSelect(scheduler, job)
         self.source = ColumnDataSource({c: [] for c in COLUMNS}, name="mdata-balance-ranks")  # (step, rank)
         self.step_source = ColumnDataSource({c: [] for c in STEP_COLUMNS}, name="mdata-balance-steps")
@@ -51,7 +52,7 @@ class BalancePanel:
             self.source.data = {c: [] for c in COLUMNS}
             self.step_source.data = {c: [] for c in STEP_COLUMNS}
             return
-        figs = balance_figures(runtime)
+        figs = balance_figures(runtime, last=self.last_steps)
         data = {c: [] for c in COLUMNS}
         for step, costs in zip(figs["steps"], figs["per_rank_cost"]):
             for rank, cost in enumerate(costs):

@@ -77,11 +77,12 @@ def sources_figures(runtime: "JobRuntime", *, now: float | None = None) -> dict[
     return {"job": runtime.job, "window_s": runtime.source_meter.window_s, **cols}
 
 
-def mixture_figures(runtime: "JobRuntime") -> dict[str, Any]:
+def mixture_figures(runtime: "JobRuntime", *, last: int | None = None) -> dict[str, Any]:
     """Per source and balanced step: target weight, realized weight, cumulative realized weight.
 
     The realized weight of a step is the source's share of the step's samples; the cumulative one
-    is its share of all samples so far, which is what an exact mixture keeps on target.
+    is its share of all samples so far, which is what an exact mixture keeps on target. ``last``
+    keeps only the newest steps (cumulative shares still count every step).
     """
     names = list(runtime.state.names)
     steps = _steps(runtime)
@@ -104,12 +105,22 @@ def mixture_figures(runtime: "JobRuntime") -> dict[str, Any]:
             realized[n].append(c / total if total else 0.0)
             cumulative[n].append(running[n] / running_total if running_total else 0.0)
     out.update(target=target, realized=realized, cumulative=cumulative, counts=counts)
+    if last is not None:
+        out["steps"] = out["steps"][-last:] if last > 0 else []
+        for table in (target, realized, cumulative, counts):
+            for n in names:
+                table[n] = table[n][-last:] if last > 0 else []
     return out
 
 
-def balance_figures(runtime: "JobRuntime") -> dict[str, Any]:
-    """Per balanced step: cost of each DP rank, the lower bound, and imbalance ratios."""
+def balance_figures(runtime: "JobRuntime", *, last: int | None = None) -> dict[str, Any]:
+    """Per balanced step: cost of each DP rank, the lower bound, and imbalance ratios.
+
+    ``last`` keeps only the newest steps.
+    """
     steps = _steps(runtime)
+    if last is not None:
+        steps = steps[-last:] if last > 0 else []
     per_rank = [[float(c) for c in s["per_rank_cost"]] for s in steps]
     return {
         "job": runtime.job,

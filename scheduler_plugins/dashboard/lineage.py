@@ -9,6 +9,8 @@ tries again at the next tick rather than read a step half recorded.
 
 from __future__ import annotations
 
+import time
+
 from bokeh.layouts import column, row
 from bokeh.models import ColumnDataSource, DataTable, Div, TableColumn, TextInput
 
@@ -34,8 +36,13 @@ def example_sample_id(runtime) -> str | None:
 class LineagePanel:
     """A sample id input and the story of that sample in one job."""
 
-    def __init__(self, scheduler, job: str | None = None, sample_id: str = "", **kwargs) -> None:
+    def __init__(self, scheduler, job: str | None = None, sample_id: str = "", *,
+                 refresh_s: float = 5.0, **kwargs) -> None:
         self.scheduler = scheduler
+        # Finding a sample sorts the DGraph's id index again whenever it grew: on a big job that is
+        # real work on the scheduler's loop, so an unchanged query is redone only every refresh_s.
+        self.refresh_s = refresh_s
+        self._last_query: tuple[str, str, float] | None = None
         self.jobs = JobSelect(scheduler, job)
         self.source = ColumnDataSource({c: [] for c in STORY_COLUMNS}, name="mdata-lineage-story")
         self.input = TextInput(title="sample id (source/shard/row), then Enter", value=sample_id,
@@ -64,6 +71,11 @@ class LineagePanel:
             if example is not None:
                 self.input.placeholder = f"e.g. {example}"
         sample_id = self.input.value.strip()
+        now = time.monotonic()
+        if (self._last_query is not None and self._last_query[:2] == (runtime.job, sample_id)
+                and now - self._last_query[2] < self.refresh_s):
+            return
+        self._last_query = (runtime.job, sample_id, now)
         rows: list[dict] = []
         if not sample_id:
             self.result.text = "enter a sample id to see its story"

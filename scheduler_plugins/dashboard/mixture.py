@@ -22,8 +22,9 @@ DASH = {"target": "dashed", "realized": "solid", "cumulative": "solid"}
 class MixturePanel:
     """Target vs realized mixture weights over the balanced steps of one job."""
 
-    def __init__(self, scheduler, job: str | None = None, **kwargs) -> None:
+    def __init__(self, scheduler, job: str | None = None, *, last_steps: int = 1000, **kwargs) -> None:
         self.scheduler = scheduler
+        self.last_steps = last_steps  # the browser redraws every line each second: keep it bounded
         self.jobs = JobSelect(scheduler, job)
         self.source = ColumnDataSource({c: [] for c in COLUMNS}, name="mdata-mixture-lines")
         self.per_step = self._plot("weight per step: realized (solid) vs target (dashed)", "realized")
@@ -48,7 +49,7 @@ class MixturePanel:
         self.message.text = job_message(self.scheduler, runtime)
         data = {c: [] for c in COLUMNS}
         if runtime is not None:
-            figs = mixture_figures(runtime)
+            figs = mixture_figures(runtime, last=self.last_steps)
             for i, name in enumerate(figs["sources"]):
                 for kind in KINDS:
                     data["xs"].append(figs["steps"])

@@ -292,3 +292,22 @@ def test_jobs_route_and_selector_follow_the_latest_job_unless_one_is_picked(mdat
     on_loop(mdata_cluster, lambda s: pinned.update())  # a closed pinned job falls back to the latest
     assert (pinned.jobs.widget.value, list(pinned.jobs.widget.options)) == (LATEST, [LATEST, JOB])
     assert list(pinned.source.data["steps_consumed"]) == [STEPS] * 4
+
+
+def test_last_keeps_the_newest_steps_with_cumulative_shares_over_all(mdata_cluster, job):
+    _, full = get_json(mdata_cluster, f"mdata/api/{JOB}/mixture")
+    status, tail = get_json(mdata_cluster, f"mdata/api/{JOB}/mixture?last=2")
+    assert status == 200
+    assert tail["steps"] == full["steps"][-2:]
+    for name in job["names"]:
+        for kind in ("target", "realized", "cumulative", "counts"):
+            assert tail[kind][name] == full[kind][name][-2:]
+    _, full = get_json(mdata_cluster, f"mdata/api/{JOB}/balance")
+    _, tail = get_json(mdata_cluster, f"mdata/api/{JOB}/balance?last=1")
+    assert (tail["steps"], tail["per_rank_cost"]) == (full["steps"][-1:], full["per_rank_cost"][-1:])
+    panel = build(mdata_cluster, BalancePanel, last_steps=1)
+    assert list(panel.step_source.data["step"]) == full["steps"][-1:]
+    assert len(panel.source.data["cost"]) == DP
+    status, api = get_json(mdata_cluster, f"mdata/api/{JOB}/trainers?last=2")
+    assert (status, api["error"]) == (
+        400, "?last= takes a number of steps and applies to mixture and balance, not 'trainers' with '2'")
