@@ -20,37 +20,47 @@ from workers.loader import HANDLER_TAKE_ROWS, as_key
 
 HANDLER_GET_BATCH = "mdata_get_batch"
 SCHEDULER_WHO_HAS = "mdata_who_has"
+PULL_ATTEMPT_S = 10.0  # one attempt to pull a chunk's rows from one loader
 
 
 class ChunkUnavailableError(MdataError):
     """A chunk a batch needs is in no worker's memory within the wait limit."""
 
 
-async def _pull_rows(worker, key, indices, who_has: list[str], deadline: float):
-    """Fetch rows of one chunk from whichever worker holds it; follow the chunk if it moved."""
-    addresses = list(who_has)
+async def _who_has(worker, keys: list) -> list[list[str]]:
+    """Where each chunk lives now, according to the scheduler (one round trip for all keys)."""
+    reply = await getattr(worker.scheduler, SCHEDULER_WHO_HAS)(keys=[list(k) for k in keys])
+    return [list(addresses) for addresses in reply["who_has"]]
+
+
+async def _pull_rows(worker, key, indices, addresses: list[str], deadline: float):
+    """Fetch rows of one chunk from whichever worker holds it; follow the chunk if it moved.
+
+    A loader that died leaves its address behind; connecting to it would block for Dask's whole
+    connect timeout, so each attempt is bounded and the scheduler is asked again on failure.
+    """
+    import asyncio
+
     delay = 0.05
     while True:
         for address in addresses:
             try:
-                reply = await getattr(worker.rpc(address), HANDLER_TAKE_ROWS)(
-                    key=list(key), indices=indices
+                reply = await asyncio.wait_for(
+                    getattr(worker.rpc(address), HANDLER_TAKE_ROWS)(key=list(key), indices=indices),
+                    timeout=PULL_ATTEMPT_S,
                 )
-            except OSError:
-                continue  # that worker is gone; ask the scheduler where the chunk is now
+            except (OSError, asyncio.TimeoutError):
+                continue  # that worker is gone or stuck; ask the scheduler where the chunk is now
             if reply.get("status") == "OK":
                 return reply["chunk"]
         if time.monotonic() > deadline:
             raise ChunkUnavailableError(
-                f"chunk {key} is held by no live worker (tried {addresses}); the loader pool may "
-                "have lost its workers: check the dashboard's sources page"
+                f"chunk {key} is held by no live worker (last tried {addresses}); the loader pool "
+                "may have lost its workers: check the dashboard's sources page"
             )
-        import asyncio
-
         await asyncio.sleep(delay)
         delay = min(delay * 2, 1.0)
-        reply = await getattr(worker.scheduler, SCHEDULER_WHO_HAS)(keys=[list(key)])
-        addresses = list(reply["who_has"][0])
+        addresses = (await _who_has(worker, [key]))[0]
 
 
 def construct_task(spec: dict[str, Any]) -> DPBatch:
@@ -70,10 +80,13 @@ def construct_task(spec: dict[str, Any]) -> DPBatch:
     async def pull_all():
         import asyncio
 
+        keys = [as_key(key) for key, _, _ in spec["chunks"]]
+        # The Planner's who_has is from submission time; a loader may have died since.
+        current = await _who_has(worker, keys)
         return await asyncio.gather(
             *(
-                _pull_rows(worker, as_key(key), list(map(int, indices)), who_has, deadline)
-                for key, indices, who_has in spec["chunks"]
+                _pull_rows(worker, key, list(map(int, indices)), where or list(hint), deadline)
+                for key, (_, indices, hint), where in zip(keys, spec["chunks"], current)
             )
         )
 

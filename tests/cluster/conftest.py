@@ -38,16 +38,24 @@ def client(mdata_cluster):
 
 
 def run_loaders(address_or_client, *, job: str, world_size: int, steps: int, ranks=None,
-                timeout: float = 60.0, keep=lambda batch: batch) -> dict[int, list]:
-    """Iterate ``steps`` batches on each rank, one thread per rank; raise the first failure."""
+                timeout: float = 60.0, keep=lambda batch: batch, states: dict | None = None,
+                checkpoints: dict | None = None, plan=None) -> dict[int, list]:
+    """Iterate ``steps`` batches on each rank, one thread per rank; raise the first failure.
+
+    ``states`` receives each rank's ``state_dict()`` at the end; ``checkpoints`` (rank -> a
+    ``state_dict()``) restores ranks before they start (with ``plan``, as a new job)."""
     results: dict[int, list] = {}
     errors: list[BaseException] = []
 
     def run(rank: int) -> None:
         try:
             with Loader(address_or_client, job=job, rank=rank, world_size=world_size, steps=steps,
-                        timeout=timeout) as loader:
+                        timeout=timeout, plan=plan) as loader:
+                if checkpoints is not None:
+                    loader.load_state_dict(checkpoints[rank])
                 results[rank] = [keep(batch) for batch in loader]
+                if states is not None:
+                    states[rank] = loader.state_dict()
         except BaseException as exc:  # noqa: BLE001 - re-raised below in the test thread
             errors.append(exc)
 

@@ -1,0 +1,153 @@
+"""Bad input and lost workers on a real cluster: errors reach trainers, nothing is lost."""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+import signal
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import run_loaders
+from mdata.client import Loader, submit_job
+from mdata.cost import AttentionCost
+from mdata.errors import MdataError, TrainerError
+from mdata.mesh import ClientPlaceTree
+from mdata.plan import Plan
+from mdata.sources import Source, TokenizeText
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
+
+
+def plan_for(sources, *, dp: int = 2, global_batch: int = 12, seed: int = 3) -> Plan:
+    return (
+        Plan(sources)
+        .mix({s.name: 1.0 for s in sources})
+        .cost(AttentionCost(a=1.0, b=2048.0))
+        .balance(micro_batches=1, max_tokens=4096, global_batch=global_batch)
+        .distribute(ClientPlaceTree(dp=dp))
+        .special_tokens(image_token_id=100_277)
+        .seed(seed)
+        .window(2)
+    )
+
+
+def by_name(sources):
+    return {s.name: s for s in sources}
+
+
+def test_a_missing_column_fails_the_job_and_every_trainer_hears_why(client, example_sources_small):
+    """A source declaring a field its shards lack: trainers get an error naming source and field."""
+    good = by_name(example_sources_small)["chat"]
+    code = by_name(example_sources_small)["code"]
+    broken = dataclasses.replace(code, transform=TokenizeText(field="body"), fields=())
+    plan = plan_for([good, broken])
+    began = time.monotonic()
+    with pytest.raises(MdataError, match=r"source 'code'.*body|body.*source 'code'") as info:
+        submit_job(client, plan, job="missing-column")
+        run_loaders(client, job="missing-column", world_size=2, steps=2, timeout=60)
+    assert "part-00000.parquet" in str(info.value) or "shard" in str(info.value)
+    assert time.monotonic() - began < 60  # surfaced, not waited out
+
+
+def test_undecodable_images_are_skipped_within_tolerance_and_counted(client, example_sources_small,
+                                                                     tmp_path):
+    """One corrupt JPEG per shard, skip tolerance 10%: the job runs, skips are counted, and the
+    skipped rows never reach a trainer."""
+    captions = by_name(example_sources_small)["captions"]
+    folder = tmp_path / "captions"
+    folder.mkdir()
+    broken_rows = set()
+    for i, path in enumerate(sorted(glob.glob(str(Path(captions.url).parent / "*.parquet")))):
+        table = pq.read_table(path)
+        images = table.column("image").to_pylist()
+        images[5] = images[5][: len(images[5]) // 3]  # truncated JPEG
+        broken_rows.add((i, 5))
+        table = table.set_column(table.schema.get_field_index("image"), "image",
+                                 pa.array(images, type=pa.binary()))
+        pq.write_table(table, folder / Path(path).name, row_group_size=16)
+    bad = dataclasses.replace(captions, url=str(folder / "*.parquet"), skip_tolerance=0.1)
+    plan = plan_for([by_name(example_sources_small)["chat"], bad], global_batch=16)
+    submit_job(client, plan, job="skips")
+    got = run_loaders(client, job="skips", world_size=2, steps=12, timeout=90)
+    received = {tuple(x) for batches in got.values() for b in batches for x in b["sample_ids"].tolist()}
+    caption_index = plan.source_index("captions")
+    assert not {(caption_index, shard, row) for shard, row in broken_rows} & received
+    status = client.sync(client.scheduler.mdata_status, job="skips")
+    assert status["counters"]["skipped"]["captions"] >= 1
+    assert status["failure"] is None
+    graph = client.sync(client.scheduler.mdata_lineage, job="skips", steps=12)
+    assert graph["exactly_once"]["ok"], graph["exactly_once"]["problems"]
+    client.sync(client.scheduler.mdata_close_job, job="skips")
+
+
+def test_resume_from_a_trainer_checkpoint_reproduces_the_sequence(client, example_sources_small):
+    """Stop after 3 steps, restore the rank's state_dict as a new job: steps 3.. are identical."""
+    plan = plan_for(example_sources_small[:4])
+    ids = lambda batch: (batch["step"], batch["sample_ids"].tolist())  # noqa: E731
+    submit_job(client, plan, job="uninterrupted")
+    whole = run_loaders(client, job="uninterrupted", world_size=2, steps=6, keep=ids)
+
+    submit_job(client, plan, job="uninterrupted-2")  # same plan, fresh job: same sequence
+    states: dict[int, dict] = {}
+    first = run_loaders(client, job="uninterrupted-2", world_size=2, steps=3, keep=ids, states=states)
+    for rank in range(2):
+        assert first[rank] == whole[rank][:3]
+    assert states[0]["checkpoint"] == states[1]["checkpoint"]
+    assert states[0]["next_step"] == 3
+
+    # a new job restored from the ranks' state (as after a restart on a fresh cluster)
+    resumed = run_loaders(client, job="resumed", plan=plan, world_size=2, steps=3, keep=ids,
+                          checkpoints=states)
+    for rank in range(2):
+        assert resumed[rank] == whole[rank][3:]
+    for job in ("uninterrupted", "uninterrupted-2", "resumed"):
+        client.sync(client.scheduler.mdata_close_job, job=job)
+
+
+@pytest.fixture
+def resilient_cluster(example_sources_small):
+    """A cluster whose text pool has two workers, so one can die while the job runs."""
+    from mdata.cluster import PoolSpec, start_cluster
+
+    sources = [s for s in example_sources_small if s.name in ("chat", "scenes", "code")]
+    pools = [PoolSpec("text", tuple(s.name for s in sources), workers=2)]
+    with start_cluster(sources, pools=pools, constructors=1, constructor_threads=1) as cluster:
+        yield cluster, sources
+
+
+def test_losing_a_loader_worker_loses_no_sample(resilient_cluster):
+    from distributed import Client
+
+    cluster, sources = resilient_cluster
+    plan = plan_for(sources, global_batch=16)
+    with Client(cluster.scheduler_address, set_as_default=False) as client:
+        submit_job(client, plan, job="loss")
+        steps = 8
+        results: dict[int, list] = {}
+
+        def kill_one_loader() -> None:
+            loaders = [addr for addr, w in client.scheduler_info()["workers"].items()
+                       if "pool_chat" in w.get("resources", {})]
+            pid = client.run(os.getpid, workers=loaders[:1])[loaders[0]]
+            os.kill(pid, signal.SIGKILL)  # a crash, not a graceful retirement
+
+        with Loader(client, job="loss", rank=0, world_size=2, timeout=90) as l0, \
+             Loader(client, job="loss", rank=1, world_size=2, timeout=90) as l1:
+            it0, it1 = iter(l0), iter(l1)
+            for step in range(steps):
+                if step == 3:
+                    kill_one_loader()
+                for rank, it in ((0, it0), (1, it1)):
+                    results.setdefault(rank, []).append(next(it)["sample_ids"].tolist())
+        graph = client.sync(client.scheduler.mdata_lineage, job="loss", steps=steps)
+        assert graph["exactly_once"]["ok"], graph["exactly_once"]["problems"]
+        for rank in range(2):
+            for step in range(steps):
+                planned = sorted(map(tuple, graph["samples"][str(step)][str(rank)]))
+                assert sorted(map(tuple, results[rank][step])) == planned
