@@ -31,11 +31,16 @@ def _connect(address_or_client, timeout: float, security=None):
 
     if hasattr(address_or_client, "scheduler") and hasattr(address_or_client, "sync"):
         return address_or_client, False
-    return (
-        Client(address_or_client, direct_to_workers=True, timeout=timeout, set_as_default=False,
-               security=security),
-        True,
-    )
+    try:
+        client = Client(address_or_client, direct_to_workers=True, timeout=timeout,
+                        set_as_default=False, security=security)
+    except OSError as exc:
+        raise TrainerError(
+            f"cannot reach the mdata scheduler at {address_or_client!r} within {timeout:.0f}s: {exc}; "
+            "check the address printed by `mdata cluster up` (or your dask scheduler) and that "
+            "this host can reach it"
+        ) from exc
+    return client, True
 
 
 def submit_job(client, plan, *, job: str = "default", checkpoint: dict | None = None) -> dict:

@@ -240,8 +240,20 @@ class Plan:
         return self._cfg.shuffle_chunks
 
     def validate(self) -> "Plan":
-        """Raise PlanError unless the plan can run (mixture and batch shape set); returns self."""
+        """Raise PlanError unless the plan can run (mixture and batch shape set, an image
+        placeholder id when a source yields images); returns self."""
         _ = self.mixture, self.balance_spec
+        if self._cfg.image_token_id is None:
+            with_images = [
+                src.name for src in self._cfg.sources
+                if getattr(getattr(src, "transform", None), "produces_images", False)
+            ]
+            if with_images:
+                raise PlanError(
+                    f"sources {with_images} yield images, so constructors need the token id that "
+                    "stands for image patches in input_ids: call "
+                    ".special_tokens(image_token_id=...) on the plan"
+                )
         return self
 
     # -- identity ------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from distributed.core import Status
 from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.protocol.pickle import dumps as pickle_dumps
 from tornado.ioloop import PeriodicCallback
@@ -109,6 +110,8 @@ class PlannerPlugin(SchedulerPlugin):
             job.worker_lost(worker)
 
     async def _tick(self) -> None:
+        if self.scheduler is None or self.scheduler.status != Status.running:
+            return  # closing: no new tasks (their client is going away)
         for job in list(self.jobs.values()):
             await job.tick()
 

@@ -249,3 +249,30 @@ def test_bf16_batches_round_trip_through_the_cluster(client):
     assert tensor.dtype == torch.bfloat16
     assert torch.equal(tensor, torch.from_numpy(values).to(torch.bfloat16))
     assert abs(sizeof(batch) - batch.nbytes) <= 0.05 * batch.nbytes
+
+
+def test_broadcast_at_tp_only_tp_rank_zero_pulls_data(client, example_sources_small):
+    """Under broadcast_at("tp") the other TP ranks are told whom to receive from, and the step
+    is released once the receiving ranks consumed it."""
+    mesh = ClientPlaceTree(dp=2, tp=2)
+    plan = make_plan(example_sources_small, mesh).broadcast_at("tp")
+    submit_job(client, plan, job="bcast")
+    got = run_loaders(client, job="bcast", world_size=4, steps=3)
+    for rank in range(4):
+        coord = mesh.coordinate(rank)
+        for step, batch in enumerate(got[rank]):
+            assert batch["step"] == step
+            if coord.tp == 0:
+                assert batch["micro_batches"] and "broadcast_from" not in batch
+            else:
+                assert batch["micro_batches"] is None
+                assert batch["broadcast_from"] == mesh.rank((coord.dp, coord.pp, coord.cp, 0))
+    graph = lineage(client, "bcast", 3)
+    assert graph["exactly_once"]["ok"], graph["exactly_once"]["problems"]
+    client.sync(client.scheduler.mdata_close_job, job="bcast")
+
+
+def test_an_unreachable_scheduler_is_a_trainer_error():
+    port = _free_port()  # nothing listens there
+    with pytest.raises(TrainerError, match=f"cannot reach the mdata scheduler at 'tcp://127.0.0.1:{port}'"):
+        Loader(f"tcp://127.0.0.1:{port}", job="x", rank=0, world_size=1, timeout=2)

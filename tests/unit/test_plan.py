@@ -122,3 +122,17 @@ def test_simulate_counts_truncation_and_skips():
     assert res.skipped.sum() > 0
     with pytest.raises(PlanError, match=r"no metadata for sources \['chat'\]"):
         base().simulate(2, {k: v for k, v in META.items() if k != "chat"})
+
+
+def test_a_plan_with_an_image_source_needs_an_image_token_id(tmp_path):
+    from mdata.errors import PlanError
+    from mdata.sources import DecodeImageCaption, Source, TokenizeText
+
+    text = Source("web", str(tmp_path / "web" / "*.parquet"), transform=TokenizeText())
+    images = Source("pics", str(tmp_path / "pics" / "*.parquet"), transform=DecodeImageCaption())
+    plan = Plan([text, images]).mix({"web": 1.0, "pics": 1.0}).balance(
+        micro_batches=1, max_tokens=1024, global_batch=8)
+    with pytest.raises(PlanError, match=r"sources \['pics'\] yield images.*special_tokens\(image_token_id=...\)"):
+        plan.validate()
+    assert plan.special_tokens(image_token_id=100_277).validate().image_token_id == 100_277
+    Plan([text]).mix({"web": 1.0}).balance(micro_batches=1, max_tokens=1024, global_batch=8).validate()
