@@ -125,7 +125,7 @@ class PlannerPlugin(SchedulerPlugin):
                     self.scheduler.address,
                     asynchronous=True,
                     name="mdata-planner",
-                    security=self.scheduler.security,
+                    security=_client_security(self.scheduler.security),
                     set_as_default=False,
                 )
             return self._client
@@ -260,6 +260,28 @@ class PlannerPlugin(SchedulerPlugin):
         if runtime is not None:
             await runtime.close()
         return {"status": "OK"}
+
+
+def _client_security(security):
+    """The Planner's own client speaks TLS with the scheduler's identity.
+
+    ``dask scheduler --tls-cert/--tls-key`` gives the scheduler a server certificate only, but
+    Dask's TLS is mutual: a client must present one too. The scheduler's certificate is the
+    natural identity for a client that runs inside the scheduler.
+    """
+    if security is None or getattr(security, "tls_client_cert", None) or not getattr(
+        security, "tls_scheduler_cert", None
+    ):
+        return security
+    from distributed.security import Security
+
+    return Security(
+        tls_ca_file=security.tls_ca_file,
+        tls_client_cert=security.tls_scheduler_cert,
+        tls_client_key=security.tls_scheduler_key,
+        tls_ciphers=security.tls_ciphers,
+        require_encryption=security.require_encryption,
+    )
 
 
 def _jsonable(value):

@@ -1,0 +1,134 @@
+"""User story: beyond one machine with plain Dask — `dask scheduler --preload`, `dask worker
+--resources pool_<source>=N`, trainers attaching by address — in the clear and over TLS with
+certificates made here."""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mdata.client import Loader, submit_job
+from mdata.cost import AttentionCost
+from mdata.mesh import ClientPlaceTree
+from mdata.plan import Plan
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
+
+DASK = str(Path(sys.executable).with_name("dask"))
+
+
+def make_certificates(folder: Path) -> dict[str, str]:
+    """A CA and one certificate it signs for 127.0.0.1 (used by scheduler, workers and clients)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    def name(cn: str) -> x509.Name:
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+    now = dt.datetime.now(dt.timezone.utc)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca = (x509.CertificateBuilder().subject_name(name("mdata-test-ca")).issuer_name(name("mdata-test-ca"))
+          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+          .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=1))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (x509.CertificateBuilder().subject_name(name("127.0.0.1")).issuer_name(ca.subject)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]),
+                critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    paths = {"ca": folder / "ca.pem", "cert": folder / "cert.pem", "key": folder / "key.pem"}
+    paths["ca"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths["cert"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    paths["key"].write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                               serialization.PrivateFormat.PKCS8,
+                                               serialization.NoEncryption()))
+    return {k: str(v) for k, v in paths.items()}
+
+
+def _wait_for_line(proc: subprocess.Popen, pattern: str, timeout: float = 60.0) -> str:
+    deadline = time.monotonic() + timeout
+    seen = []
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            if proc.poll() is not None:
+                break
+            continue
+        seen.append(line)
+        match = re.search(pattern, line)
+        if match:
+            return match.group(1)
+    raise AssertionError(f"no line matching {pattern!r}; output:\n{''.join(seen)[-3000:]}")
+
+
+@pytest.mark.parametrize("protocol", ["tcp", "tls"])
+def test_dask_cli_cluster_serves_trainers(protocol, example_corpus, tmp_path):
+    from distributed import Client
+    from distributed.security import Security
+
+    from mdata.data.example import example_sources
+
+    sources = [s for s in example_sources(example_corpus) if s.name in ("chat", "code")]
+    tls_args: list[str] = []
+    security = None
+    if protocol == "tls":
+        certs = make_certificates(tmp_path)
+        tls_args = ["--tls-ca-file", certs["ca"], "--tls-cert", certs["cert"], "--tls-key", certs["key"]]
+        security = Security(tls_ca_file=certs["ca"], tls_client_cert=certs["cert"],
+                            tls_client_key=certs["key"], require_encryption=True)
+    env = {**os.environ, "DASK_LOGGING__DISTRIBUTED": "info"}
+    procs: list[subprocess.Popen] = []
+    try:
+        scheduler = subprocess.Popen(
+            [DASK, "scheduler", "--host", "127.0.0.1", "--port", "0", "--protocol", protocol,
+             "--dashboard-address", "127.0.0.1:0", "--preload", "scheduler_plugins.planner", *tls_args],
+            stderr=subprocess.PIPE, text=True, env=env)
+        procs.append(scheduler)
+        address = _wait_for_line(scheduler, r"Scheduler at:\s+(\S+)")
+        assert address.startswith(f"{protocol}://127.0.0.1:")
+        worker_args = [
+            ["--resources", "pool_chat=1 pool_code=1", "--name", "loader-text"],
+            ["--resources", "mdata_constructor=1", "--name", "constructor"],
+        ]
+        for extra in worker_args:
+            procs.append(subprocess.Popen(
+                [DASK, "worker", address, "--nthreads", "1", "--host", "127.0.0.1",
+                 "--no-dashboard", *extra, *tls_args],
+                stderr=subprocess.DEVNULL, env=env))
+        with Client(address, security=security, set_as_default=False, timeout=60) as client:
+            client.wait_for_workers(2, timeout=60)
+            plan = (Plan(sources).mix({"chat": 1.0, "code": 1.0}).cost(AttentionCost(a=1.0, b=2048.0))
+                    .balance(micro_batches=1, max_tokens=2048, global_batch=8)
+                    .distribute(ClientPlaceTree(dp=1)).seed(5))
+            info = submit_job(client, plan, job="cli")
+            assert info["mesh"]["dp"] == 1
+        # a trainer attaches by address alone, as on another machine
+        with Loader(address, job="cli", rank=0, world_size=1, steps=3, timeout=60,
+                    security=security) as loader:
+            batches = list(loader)
+        assert [b["step"] for b in batches] == [0, 1, 2]
+        assert all(len(b["sample_ids"]) == 8 for b in batches)
+        names = {int(s) for b in batches for s in b["sample_ids"][:, 0].tolist()}
+        assert names == {0, 1}  # both sources, through the one text pool
+    finally:
+        for proc in reversed(procs):
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
