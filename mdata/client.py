@@ -50,6 +50,7 @@ def submit_job(client, plan, *, job: str = "default", checkpoint: dict | None = 
     """
     import mdata.batch_serialization  # noqa: F401  the wire format must be known before batches arrive
 
+    plan.validate_for_delivery()
     return client.sync(
         client.scheduler.mdata_register_job,
         job=job,

@@ -240,9 +240,19 @@ class Plan:
         return self._cfg.shuffle_chunks
 
     def validate(self) -> "Plan":
-        """Raise PlanError unless the plan can run (mixture and batch shape set, an image
-        placeholder id when a source yields images); returns self."""
+        """Raise PlanError unless the plan can be planned (mixture and batch shape set); returns self."""
         _ = self.mixture, self.balance_spec
+        return self
+
+    def validate_for_delivery(self) -> "Plan":
+        """Raise PlanError unless constructors can build this plan's batches; returns self.
+
+        Planning (and :meth:`simulate`) only needs the mixture and the batch shape; building
+        batches also needs the token id that stands for image patches when a source yields
+        images. The runtime calls this when a job is submitted, so the error comes before any
+        trainer waits.
+        """
+        self.validate()
         if self._cfg.image_token_id is None:
             with_images = [
                 src.name for src in self._cfg.sources

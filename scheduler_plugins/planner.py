@@ -143,7 +143,7 @@ class PlannerPlugin(SchedulerPlugin):
 
     async def register_job(self, job: str, plan: bytes, checkpoint: dict | None = None) -> dict:
         """Register ``job`` with a pickled Plan; idempotent for the same plan and checkpoint."""
-        plan_obj = pickle.loads(plan)
+        plan_obj = pickle.loads(plan).validate_for_delivery()
         fingerprint = plan_obj.fingerprint()
         existing = self.jobs.get(job)
         if existing is not None:
@@ -252,7 +252,9 @@ class PlannerPlugin(SchedulerPlugin):
         out = []
         for key in keys:
             ts = tasks.get(as_key(key))
-            out.append([ws.address for ws in ts.who_has] if ts is not None and ts.who_has else [])
+            # None: the scheduler forgot the chunk (its job released it), so nobody will load it
+            # again and a constructor waiting for it should give up now, not at its deadline.
+            out.append(None if ts is None else [ws.address for ws in ts.who_has or ()])
         return {"who_has": out}
 
     async def close_job(self, job: str) -> dict:

@@ -27,10 +27,15 @@ class ChunkUnavailableError(MdataError):
     """A chunk a batch needs is in no worker's memory within the wait limit."""
 
 
-async def _who_has(worker, keys: list) -> list[list[str]]:
-    """Where each chunk lives now, according to the scheduler (one round trip for all keys)."""
+class ChunkReleasedError(ChunkUnavailableError):
+    """The chunk was released by its job (closed, or the step no longer wanted): stop waiting."""
+
+
+async def _who_has(worker, keys: list) -> list[list[str] | None]:
+    """Where each chunk lives now, according to the scheduler (one round trip for all keys);
+    ``None`` for a chunk the scheduler has forgotten."""
     reply = await getattr(worker.scheduler, SCHEDULER_WHO_HAS)(keys=[list(k) for k in keys])
-    return [list(addresses) for addresses in reply["who_has"]]
+    return [None if addresses is None else list(addresses) for addresses in reply["who_has"]]
 
 
 async def _pull_rows(worker, key, indices, addresses: list[str], deadline: float):
@@ -60,7 +65,13 @@ async def _pull_rows(worker, key, indices, addresses: list[str], deadline: float
             )
         await asyncio.sleep(delay)
         delay = min(delay * 2, 1.0)
-        addresses = (await _who_has(worker, [key]))[0]
+        addresses = _known((await _who_has(worker, [key]))[0], key)
+
+
+def _known(addresses: list[str] | None, key) -> list[str]:
+    if addresses is None:
+        raise ChunkReleasedError(f"chunk {key} was released by its job; this batch is no longer wanted")
+    return addresses
 
 
 def construct_task(spec: dict[str, Any]) -> DPBatch:
@@ -85,7 +96,8 @@ def construct_task(spec: dict[str, Any]) -> DPBatch:
         current = await _who_has(worker, keys)
         return await asyncio.gather(
             *(
-                _pull_rows(worker, key, list(map(int, indices)), where or list(hint), deadline)
+                _pull_rows(worker, key, list(map(int, indices)), _known(where, key) or list(hint),
+                           deadline)
                 for key, (_, indices, hint), where in zip(keys, spec["chunks"], current)
             )
         )

@@ -151,3 +151,17 @@ def test_losing_a_loader_worker_loses_no_sample(resilient_cluster):
             for step in range(steps):
                 planned = sorted(map(tuple, graph["samples"][str(step)][str(rank)]))
                 assert sorted(map(tuple, results[rank][step])) == planned
+
+
+def test_closing_a_job_frees_its_constructors_for_the_next_job(client, example_sources_small):
+    """Batches planned ahead of a closed job must not hold constructor threads until their chunk
+    wait runs out (120 s by default): the next job is served at once."""
+    plan = plan_for(example_sources_small[:4]).window(4)
+    submit_job(client, plan, job="closed-early")
+    run_loaders(client, job="closed-early", world_size=2, steps=1)
+    client.sync(client.scheduler.mdata_close_job, job="closed-early")  # steps 1..4 in flight
+    began = time.monotonic()
+    submit_job(client, plan, job="next")
+    run_loaders(client, job="next", world_size=2, steps=3, timeout=30)
+    assert time.monotonic() - began < 30
+    client.sync(client.scheduler.mdata_close_job, job="next")

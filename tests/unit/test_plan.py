@@ -132,7 +132,8 @@ def test_a_plan_with_an_image_source_needs_an_image_token_id(tmp_path):
     images = Source("pics", str(tmp_path / "pics" / "*.parquet"), transform=DecodeImageCaption())
     plan = Plan([text, images]).mix({"web": 1.0, "pics": 1.0}).balance(
         micro_batches=1, max_tokens=1024, global_batch=8)
+    plan.validate()  # planning and simulation need no image token
     with pytest.raises(PlanError, match=r"sources \['pics'\] yield images.*special_tokens\(image_token_id=...\)"):
-        plan.validate()
-    assert plan.special_tokens(image_token_id=100_277).validate().image_token_id == 100_277
-    Plan([text]).mix({"web": 1.0}).balance(micro_batches=1, max_tokens=1024, global_batch=8).validate()
+        plan.validate_for_delivery()
+    assert plan.special_tokens(image_token_id=100_277).validate_for_delivery().image_token_id == 100_277
+    Plan([text]).mix({"web": 1.0}).balance(micro_batches=1, max_tokens=1024, global_batch=8).validate_for_delivery()
