@@ -168,33 +168,57 @@ def build_example_corpus(
     return _report(root, manifest, time.perf_counter() - started, reused=False)
 
 
-def read_manifest(dest: str | os.PathLike[str]) -> dict[str, Any]:
-    """The manifest of the corpus at ``dest``; ExampleDataError says how to build one if missing."""
-    path = Path(dest) / MANIFEST
+def _is_url(dest: str | os.PathLike[str]) -> bool:
+    return isinstance(dest, str) and "://" in dest and not dest.startswith("file://")
+
+
+def read_manifest(dest: str | os.PathLike[str], *, storage_options: dict | None = None) -> dict[str, Any]:
+    """The manifest of the corpus at ``dest`` (a folder, or an fsspec URL such as
+    ``s3://bucket/corpus``); ExampleDataError says how to build one if missing."""
+    if _is_url(dest):
+        import fsspec
+
+        path = f"{str(dest).rstrip('/')}/{MANIFEST}"
+        try:
+            with fsspec.open(path, "rt", encoding="utf-8", **(storage_options or {})) as f:
+                text = f.read()
+        except FileNotFoundError:
+            raise ExampleDataError(
+                f"no example corpus at {str(dest)!r} ({MANIFEST} is missing); build it locally "
+                f"with `mdata data example DIR` and copy DIR there"
+            ) from None
+    else:
+        path = Path(dest) / MANIFEST
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ExampleDataError(
+                f"no example corpus at {str(dest)!r} ({MANIFEST} is missing); build it with "
+                f"`mdata data example {dest}`"
+            ) from None
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ExampleDataError(
-            f"no example corpus at {str(dest)!r} ({MANIFEST} is missing); build it with "
-            f"`mdata data example {dest}`"
-        ) from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
         raise ExampleDataError(
             f"the example corpus manifest {str(path)!r} is not valid JSON ({exc}); delete the folder "
             f"and build it again with `mdata data example {dest}`"
         ) from None
 
 
-def example_sources(dest: str | os.PathLike[str], *, tokenizer: str = TOKENIZER) -> list[Source]:
+def example_sources(dest: str | os.PathLike[str], *, tokenizer: str = TOKENIZER,
+                    storage_options: dict | None = None) -> list[Source]:
     """The corpus at ``dest`` as :class:`mdata.sources.Source` specs, in manifest order.
 
-    Text sources tokenize their ``text`` field with ``tokenizer``; the caption source decodes its
-    JPEG ``image`` and tokenizes its ``caption`` with the same tokenizer. URLs are absolute globs.
+    ``dest`` is a local folder or an fsspec URL of a copy of one (``s3://bucket/corpus`` with
+    ``storage_options``). Text sources tokenize their ``text`` field with ``tokenizer``; the
+    caption source decodes its JPEG ``image`` and tokenizes its ``caption`` with the same
+    tokenizer. URLs are absolute globs.
     """
     from mdata.sources import DecodeImageCaption, Source, TokenizeText
 
-    root = Path(dest).resolve()
-    manifest = read_manifest(root)
+    remote = _is_url(dest)
+    root = str(dest).rstrip("/") if remote else Path(dest).resolve()
+    manifest = read_manifest(root, storage_options=storage_options)
     sources = []
     for entry in manifest["sources"]:
         if entry["kind"] == "text":
@@ -211,8 +235,9 @@ def example_sources(dest: str | os.PathLike[str], *, tokenizer: str = TOKENIZER)
                 f"source {entry['name']!r} of the example corpus at {str(root)!r} has unknown kind "
                 f"{entry['kind']!r}; rebuild the corpus with this version of mdata"
             )
-        sources.append(Source(entry["name"], str(root / entry["url"]), format=entry["format"],
-                              fields=fields, transform=transform))
+        url = f"{root}/{entry['url']}" if remote else str(root / entry["url"])
+        sources.append(Source(entry["name"], url, format=entry["format"], fields=fields,
+                              transform=transform, storage_options=storage_options if remote else None))
     return sources
 
 

@@ -329,3 +329,27 @@ def test_example_sources_load_through_mdata_sources(example_corpus: Path):
     assert len(chunk) == 8 and chunk.image_shapes is not None
     assert (chunk.num_patches > 0).all()
     assert (chunk.image_shapes[:, 2] == 3).all()
+
+
+def test_the_corpus_reads_back_the_same_from_the_test_s3_server(example_corpus: Path, moto_s3):
+    """Copied to S3 (moto on 127.0.0.1), every source lists and loads the same samples."""
+    import s3fs
+
+    from mdata.sources import load_chunk
+
+    fs = s3fs.S3FileSystem(**moto_s3)
+    fs.mkdir("corpus-bucket")
+    fs.put(str(example_corpus), "corpus-bucket/example", recursive=True)
+    local = example_sources(example_corpus)
+    remote = example_sources("s3://corpus-bucket/example", storage_options=moto_s3)
+    assert [s.name for s in remote] == [s.name for s in local] and len(remote) >= 5
+    for a, b in zip(local, remote):
+        assert b.url.startswith("s3://corpus-bucket/example/")
+        la, lb = a.list_shards(), b.list_shards()
+        assert [s.num_rows for s in la.shards] == [s.num_rows for s in lb.shards]
+        stop = min(8, la.shards[-1].num_rows)
+        ca, cb = load_chunk(a, len(la.shards) - 1, 0, stop), load_chunk(b, len(lb.shards) - 1, 0, stop)
+        assert ca.token_ids.tolist() == cb.token_ids.tolist()
+        assert ca.num_tokens.tolist() == cb.num_tokens.tolist()
+        if ca.pixels is not None:
+            assert ca.pixels.tobytes() == cb.pixels.tobytes()
