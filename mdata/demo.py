@@ -86,6 +86,7 @@ def trainer_main(rank: int, world_size: int, address: str, port: int, steps: int
                 received.append({
                     "step": int(batch["step"]),
                     "sample_ids": batch["sample_ids"].numpy().tolist(),
+                    "ended": time.monotonic() - began,  # after the all-reduce: the step's end
                 })
             wait_s = loader.wait_seconds
         out.put({"rank": rank, "received": received, "wait_s": wait_s,
@@ -216,6 +217,9 @@ def summarize(plan, results: dict[int, dict], status: dict, lineage: dict, steps
         total_w = sum(target.values())
         total = max(1, sum(counts.values()))
         deviation = max(deviation, max(abs(counts[n] / total - target[n] / total_w) for n in names))
+    # every rank leaves the all-reduce together, so rank 0's step ends time the whole mesh
+    ends = [rec["ended"] for rec in sorted(results[0]["received"], key=lambda r: r["step"])]
+    durations = [b - a for a, b in zip([0.0] + ends[:-1], ends)]
     step_infos = [status["steps"][k] for k in sorted(status["steps"], key=int) if int(k) < steps]
     imbalance = [float(s["max_over_lower_bound"]) for s in step_infos]
     wall = [r["wall_s"] for r in results.values()]
@@ -234,16 +238,20 @@ def summarize(plan, results: dict[int, dict], status: dict, lineage: dict, steps
         "mesh": {"dp": mesh.dp, "pp": mesh.pp, "cp": mesh.cp, "tp": mesh.tp},
         "per_step": [
             {"step": int(k), "max_over_lower_bound": float(v["max_over_lower_bound"]),
-             "max_over_mean": float(v["max_over_mean"]), "tokens": int(sum(v["tokens"].values()))}
+             "max_over_mean": float(v["max_over_mean"]), "tokens": int(sum(v["tokens"].values())),
+             "seconds": float(durations[int(k)]),
+             "tokens_per_s": float(sum(v["tokens"].values()) / max(durations[int(k)], 1e-9))}
             for k, v in sorted(status["steps"].items(), key=lambda kv: int(kv[0])) if int(k) < steps
         ],
     }
 
 
 def render_summary(summary: dict[str, Any]) -> str:
-    lines = ["", "| step | tokens | max/mean | max/lower bound |", "|---:|---:|---:|---:|"]
+    lines = ["", "| step | seconds | tokens | tokens/s | max/mean | max/lower bound |",
+             "|---:|---:|---:|---:|---:|---:|"]
     for row in summary["per_step"]:
-        lines.append(f"| {row['step']} | {row['tokens']} | {row['max_over_mean']:.3f} | "
+        lines.append(f"| {row['step']} | {row['seconds']:.3f} | {row['tokens']} | "
+                     f"{row['tokens_per_s']:.0f} | {row['max_over_mean']:.3f} | "
                      f"{row['max_over_lower_bound']:.3f} |")
     lines += ["", "| figure | value |", "|---|---:|"]
     for key in ("steps", "samples_delivered", "exactly_once", "mixture_max_abs_deviation",
