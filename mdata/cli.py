@@ -61,7 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     up = cluster.add_parser("up", help="start an embedded cluster and print its addresses")
     up.add_argument("--data", default="example-data")
     up.add_argument("--host", default="127.0.0.1")
-    up.add_argument("--constructors", type=int, default=1)
+    up.add_argument("--constructors", type=int, default=None)
+    up.add_argument("--port", type=int, default=8786, help="scheduler port (0: any free port)")
+    up.add_argument("--dashboard-address", default=":8787", help="dashboard address (':0': any port)")
     up.set_defaults(func=_cmd_cluster_up)
     return parser
 

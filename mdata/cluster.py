@@ -215,11 +215,12 @@ def cluster_up_cli(args: argparse.Namespace) -> int:
     if not (Path(args.data) / "manifest.json").exists():
         build_example_corpus(args.data, size="small")
     sources = example_sources(args.data)
-    with start_cluster(sources, constructors=args.constructors, host=args.host, dashboard_address=":8787") as c:
+    with start_cluster(sources, constructors=args.constructors, host=args.host,
+                       dashboard_address=args.dashboard_address, scheduler_port=args.port) as c:
         print(f"scheduler: {c.scheduler_address}")
         print(f"dashboard: {c.dashboard_link}")
         print("pools: " + ", ".join(f"{p.name}={list(p.sources)}" for p in c.pools.values()))
-        print("press Ctrl-C to stop")
+        print("press Ctrl-C to stop", flush=True)
         try:
             while True:
                 time.sleep(3600)

@@ -1,0 +1,54 @@
+"""User story: start a cluster with `mdata cluster up`, attach a driver and trainers by address."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mdata.client import Loader, submit_job
+from mdata.cost import AttentionCost
+from mdata.mesh import ClientPlaceTree
+from mdata.plan import Plan
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+
+
+def test_cluster_up_prints_addresses_and_serves_trainers(example_corpus):
+    from distributed import Client
+
+    from mdata.data.example import example_sources
+
+    mdata = Path(sys.executable).with_name("mdata")
+    proc = subprocess.Popen(
+        [str(mdata), "cluster", "up", "--data", str(example_corpus), "--port", "0",
+         "--dashboard-address", "127.0.0.1:0"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        lines = {}
+        for line in proc.stdout:
+            key, _, value = line.partition(": ")
+            lines[key] = value.strip()
+            if line.startswith("press Ctrl-C"):
+                break
+        address = lines["scheduler"]
+        assert address.startswith("tcp://127.0.0.1:")
+        assert lines["dashboard"].startswith("http://127.0.0.1:")
+        assert "captions" in lines["pools"]
+
+        sources = example_sources(example_corpus)
+        plan = (Plan(sources).mix({s.name: 1.0 for s in sources}).cost(AttentionCost(a=1.0, b=2048.0))
+                .balance(micro_batches=1, max_tokens=4096, global_batch=10)
+                .distribute(ClientPlaceTree(dp=1)).special_tokens(image_token_id=100_277).seed(2))
+        with Client(address, set_as_default=False) as client:
+            submit_job(client, plan, job="up")
+        with Loader(address, job="up", rank=0, world_size=1, steps=2, timeout=60) as loader:
+            batches = list(loader)
+        assert [b["step"] for b in batches] == [0, 1]
+        assert all(len(b["sample_ids"]) == 10 for b in batches)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0
