@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 
 from mdata.errors import PlanError
 
-__all__ = ["PoolSpec", "MdataCluster", "start_cluster", "default_pools", "cluster_up_cli"]
+__all__ = ["PoolSpec", "MdataCluster", "PoolAutoscaler", "start_cluster", "default_pools",
+           "cluster_up_cli"]
 
 PLANNER_PRELOAD = "scheduler_plugins.planner"
 CONSTRUCTOR_RESOURCE = "mdata_constructor"
@@ -125,6 +126,70 @@ class MdataCluster:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class PoolAutoscaler:
+    """Applies the Planner's per-source targets to an embedded cluster's pools.
+
+    The Planner decides (with hysteresis, and a reason for every target); this only maps source
+    targets to pools (:func:`mdata.pool_scaling.pool_targets`) and calls
+    :meth:`MdataCluster.scale_pool`. On Kubernetes or Slurm the same targets, read from the
+    ``mdata_status`` handler or ``/mdata/api/<job>/sources``, drive the platform's own scaling.
+    """
+
+    def __init__(self, cluster: MdataCluster, client, job: str, *, interval: float = 2.0,
+                 min_workers: int = 1, max_workers: Mapping[str, int] | int | None = None) -> None:
+        import threading
+
+        self.cluster = cluster
+        self.client = client
+        self.job = job
+        self.interval = float(interval)
+        self.min_workers = int(min_workers)
+        self.max_workers = max_workers
+        self.history: list[tuple[float, str, int, int, str]] = []  # time, pool, from, to, reason
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def step(self) -> list:
+        """Read the job's targets once and apply the pool changes they imply; returns them."""
+        import time
+
+        from mdata.pool_scaling import pool_targets
+
+        status = self.client.sync(self.client.scheduler.mdata_status, job=self.job)
+        pools = {name: spec.sources for name, spec in self.cluster.pools.items()}
+        decisions = pool_targets(pools, status["pool_targets"], min_workers=self.min_workers,
+                                 max_workers=self.max_workers)
+        applied = []
+        for pool, decision in decisions.items():
+            current = self.cluster.pools[pool].workers
+            if decision.workers != current:
+                self.cluster.scale_pool(pool, decision.workers)
+                self.history.append((time.time(), pool, current, decision.workers, decision.reason))
+                applied.append(decision)
+        return applied
+
+    def start(self) -> "PoolAutoscaler":
+        import threading
+
+        def loop() -> None:
+            while not self._stop.wait(self.interval):
+                try:
+                    self.step()
+                except Exception:  # a closing cluster or job: stop quietly, scaling is best effort
+                    if self._stop.is_set():
+                        return
+                    raise
+
+        self._thread = threading.Thread(target=loop, name=f"mdata-autoscale-{self.job}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.interval + 5)
 
 
 def _worker(threads: int, resources: Mapping[str, int], memory_limit, host: str) -> dict:

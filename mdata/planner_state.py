@@ -300,6 +300,7 @@ class PoolTarget(Instruction):
     source: str
     workers: int
     reason: str
+    demand: float = 0.0  # worker-equivalents of demand (headroom included) before rounding up
 
 
 # ------------------------------------------------------------------------------------------------
@@ -679,7 +680,7 @@ class PlannerState:
         if ev.now is None:
             return []
         self.pool_sizer.observe_progress(ev.now, self.consumed_step)
-        return [PoolTarget(d.source, d.workers, d.reason, stimulus_id=ev.stimulus_id)
+        return [PoolTarget(d.source, d.workers, d.reason, d.demand, stimulus_id=ev.stimulus_id)
                 for d in self.pool_sizer.decide(self._last_weights, self.global_batch)]
 
     # -- chunks --------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ class PoolDecision:
     source: str
     workers: int
     reason: str
+    demand: float = 0.0  # worker-equivalents needed, headroom included, before rounding up
 
 
 class PoolSizer:
@@ -92,7 +93,8 @@ class PoolSizer:
             if np.isnan(spp):
                 continue
             demand = float(weights[i]) * samples_per_step * self.step_rate * spp
-            want = max(self.min_workers, math.ceil(demand * self.headroom / self.threads - 1e-9))
+            need = demand * self.headroom / self.threads
+            want = max(self.min_workers, math.ceil(need - 1e-9))
             if self.max_workers is not None:
                 want = min(want, self.max_workers)
             why = (f"{name}: {weights[i]:.1%} of {samples_per_step} samples/step x "
@@ -104,7 +106,7 @@ class PoolSizer:
                 if want != cur:
                     self.current[i] = want
                     verb = "start with" if cur is None else f"scale up from {cur} to"
-                    out.append(PoolDecision(name, want, f"{why} -> {verb} {want} workers"))
+                    out.append(PoolDecision(name, want, f"{why} -> {verb} {want} workers", need))
             elif want < cur:
                 self._down_votes[i] += 1
                 if self._down_votes[i] >= self.down_after:
@@ -112,7 +114,7 @@ class PoolSizer:
                     self.current[i] = want
                     out.append(PoolDecision(
                         name, want, f"{why} -> scale down from {cur} to {want} workers "
-                        f"(demand stayed lower for {self.down_after} decisions)"))
+                        f"(demand stayed lower for {self.down_after} decisions)", need))
             else:
                 self._down_votes[i] = 0
         return out

@@ -189,7 +189,8 @@ class JobRuntime:
         self.step_summaries[ins.step] = ins.summary.to_dict(self.state.names)
 
     def _do_PoolTarget(self, ins) -> None:
-        self.pool_targets[ins.source] = {"workers": ins.workers, "reason": ins.reason, "time": time.time()}
+        self.pool_targets[ins.source] = {"workers": ins.workers, "reason": ins.reason,
+                                       "demand": float(ins.demand), "time": time.time()}
 
     def _do_JobFailed(self, ins) -> None:
         self._fail(ins.reason)
