@@ -62,6 +62,8 @@ class JobRuntime:
         self.trainer_meter = TrainerMeter()
         self._tasks: set[asyncio.Task] = set()
         self._closed = False
+        self._pending: list = []  # acknowledgements waiting for the Planner (see _handle_coalesced)
+        self._pending_done: asyncio.Future | None = None
         from mdata import config
 
         self.chunk_wait_s = config.seconds("constructor.chunk-wait")
@@ -72,13 +74,39 @@ class JobRuntime:
         if self._closed:
             return
         async with self.lock:
+            await self._apply(events)
+
+    async def _apply(self, events) -> None:
+        """The body of :meth:`handle`; the caller holds ``self.lock``."""
+        try:
+            instructions = await asyncio.to_thread(self.state.handle, *events)
+        except Exception as exc:  # a bug or bad plan must fail the job loudly, not hang trainers
+            logger.exception("mdata planner failed on %s", events)
+            self._fail(f"planner error: {exc!r}\n{traceback.format_exc()}")
+            return
+        self._execute(instructions)
+
+    async def _handle_coalesced(self, *events) -> None:
+        """Like :meth:`handle`, but events arriving while the Planner is busy are applied
+        together in one batch. At thousands of trainer ranks every step brings one acknowledgement
+        per rank; one thread hop per batch instead of per rank keeps the event loop responsive.
+        Returns once the batch holding these events has been applied."""
+        if self._closed:
+            return
+        self._pending.extend(events)
+        if self._pending_done is None:
+            self._pending_done = asyncio.get_running_loop().create_future()
+            self._spawn(self._flush_pending())
+        await asyncio.shield(self._pending_done)
+
+    async def _flush_pending(self) -> None:
+        async with self.lock:
+            events, self._pending = self._pending, []
+            done, self._pending_done = self._pending_done, None
             try:
-                instructions = await asyncio.to_thread(self.state.handle, *events)
-            except Exception as exc:  # a bug or bad plan must fail the job loudly, not hang trainers
-                logger.exception("mdata planner failed on %s", events)
-                self._fail(f"planner error: {exc!r}\n{traceback.format_exc()}")
-                return
-            self._execute(instructions)
+                await self._apply(events)
+            finally:
+                done.set_result(None)
 
     async def tick(self) -> None:
         if not self.lock.locked():
@@ -255,7 +283,7 @@ class JobRuntime:
         self.consumed_steps[rank] = max(self.consumed_steps.get(rank, -1), step)
         self.trainer_meter.consumed(rank, step)
         dp_rank = self.plan.mesh.coordinate(rank).dp
-        await self.handle(
+        await self._handle_coalesced(
             ps.BatchDelivered(step=step, dp_rank=dp_rank, ranks=(rank,), stimulus_id=f"delivered-{rank}-{step}"),
             ps.BatchConsumed(step=step, rank=rank, stimulus_id=f"ack-{rank}-{step}"),
         )
@@ -290,6 +318,8 @@ class JobRuntime:
 
     async def close(self) -> None:
         self._closed = True
+        if self._pending_done is not None and not self._pending_done.done():
+            self._pending_done.set_result(None)  # acknowledgements of a closed job: nothing to do
         for task in list(self._tasks):
             task.cancel()
         for fut in list(self.chunk_futures.values()) + list(self.batch_futures.values()):
