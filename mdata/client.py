@@ -260,8 +260,9 @@ class Loader:
                 except OSError as exc:
                     last_error = exc
                     continue
-                if reply["status"] == "OK":
+                if isinstance(reply, dict) and reply.get("status") == "OK":
                     return reply["batch"]
+                last_error = f"{address} answered {reply!r:.200}"
             raise TrainerError(
                 f"rank {self.rank}: batch {location['key']} is on no reachable constructor "
                 f"({location['who_has']}): {last_error}"

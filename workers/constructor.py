@@ -56,7 +56,9 @@ async def _pull_rows(worker, key, indices, addresses: list[str], deadline: float
                 )
             except (OSError, asyncio.TimeoutError):
                 continue  # that worker is gone or stuck; ask the scheduler where the chunk is now
-            if reply.get("status") == "OK":
+            # anything else (missing, or no reply from a worker that is shutting down and has
+            # dropped its handlers) means: ask the scheduler where the chunk lives now
+            if isinstance(reply, dict) and reply.get("status") == "OK":
                 return reply["chunk"]
         if time.monotonic() > deadline:
             raise ChunkUnavailableError(
