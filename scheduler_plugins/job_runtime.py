@@ -67,6 +67,7 @@ class JobRuntime:
         from mdata import config
 
         self.chunk_wait_s = config.seconds("constructor.chunk-wait")
+        self.history_steps = max(1, int(config.get("planner.history-steps")))
 
     # -- events in -------------------------------------------------------------------------------
     async def handle(self, *events) -> None:
@@ -215,6 +216,9 @@ class JobRuntime:
 
     def _do_StepReady(self, ins) -> None:
         self.step_summaries[ins.step] = ins.summary.to_dict(self.state.names)
+        # a long run plans millions of steps: keep the recent ones (steps arrive in order)
+        while len(self.step_summaries) > self.history_steps:
+            self.step_summaries.pop(next(iter(self.step_summaries)))
 
     def _do_PoolTarget(self, ins) -> None:
         self.pool_targets[ins.source] = {"workers": ins.workers, "reason": ins.reason,

@@ -276,3 +276,20 @@ def test_an_unreachable_scheduler_is_a_trainer_error():
     port = _free_port()  # nothing listens there
     with pytest.raises(TrainerError, match=f"cannot reach the mdata scheduler at 'tcp://127.0.0.1:{port}'"):
         Loader(f"tcp://127.0.0.1:{port}", job="x", rank=0, world_size=1, timeout=2)
+
+
+def test_step_history_is_bounded_by_configuration(example_sources_small):
+    """A long run must not grow the scheduler's memory with per-step summaries."""
+    import dask
+    from distributed import Client
+
+    from mdata.cluster import start_cluster
+
+    sources = [s for s in example_sources_small if s.name in ("chat", "code")]
+    with dask.config.set({"mdata.planner.history-steps": 3}):
+        with start_cluster(sources, constructors=1, constructor_threads=1) as cluster, \
+                Client(cluster.scheduler_address, set_as_default=False) as c:
+            submit_job(c, make_plan(sources, ClientPlaceTree(dp=1), global_batch=4), job="hist")
+            run_loaders(c, job="hist", world_size=1, steps=8)
+            steps = sorted(int(s) for s in status(c, "hist")["steps"])
+    assert len(steps) == 3 and steps == list(range(steps[0], steps[0] + 3)) and steps[0] >= 5
