@@ -54,14 +54,7 @@ def _baseline(cfg: dict) -> dict[str, float]:
     sources, weights = _sources_and_weights()
     with BaselineFleet(sources, weights, ranks=cfg["ranks"], group=cfg["cp"], workers=cfg["workers"],
                        max_tokens=MAX_TOKENS, micro_batches=MICRO_BATCHES) as fleet:
-        fleet.run(cfg["warm"])
-        pids = fleet.worker_pids()
-        cpu0 = cpu_seconds(pids)
-        fast = fleet.run(cfg["steps"])
-        cpu = cpu_seconds(pids) - cpu0
-        paced = fleet.run(cfg["steps"], SECONDS_PER_COST)
-    return {"samples_per_core_s": fast.samples / max(cpu, 1e-9), "samples_per_s": fast.samples / fast.wall_s,
-            "stall": paced.stall_fraction, "cpu_s": cpu, "samples": fast.samples}
+        return _measure(fleet, lambda: fleet.worker_pids(), cfg)
 
 
 def _mdata(cfg: dict) -> dict[str, float]:
@@ -72,12 +65,18 @@ def _mdata(cfg: dict) -> dict[str, float]:
             .distribute(ClientPlaceTree(dp=dp, cp=cfg["cp"])).seed(0)
             .special_tokens(image_token_id=IMAGE_TOKEN_ID))
     with MdataFleet(sources, plan, loader_workers=cfg["loader_workers"]) as fleet:
-        fleet.run(cfg["warm"])
-        pids = [fleet.host_pid, fleet.trainer_pid, *fleet.worker_pids]
-        cpu0 = cpu_seconds(pids)
-        fast = fleet.run(cfg["steps"])
-        cpu = cpu_seconds(pids) - cpu0
-        paced = fleet.run(cfg["steps"], SECONDS_PER_COST)
+        return _measure(fleet, lambda: [fleet.host_pid, fleet.trainer_pid, *fleet.worker_pids], cfg)
+
+
+def _measure(fleet, loader_pids, cfg: dict) -> dict[str, float]:
+    """The same protocol for both systems: warm up, then a fast run for samples per loader
+    CPU-second, then a paced run (simulated compute) for the stall fraction."""
+    fleet.run(cfg["warm"])
+    pids = loader_pids()
+    cpu0 = cpu_seconds(pids)
+    fast = fleet.run(cfg["steps"])
+    cpu = cpu_seconds(pids) - cpu0
+    paced = fleet.run(cfg["steps"], SECONDS_PER_COST)
     return {"samples_per_core_s": fast.samples / max(cpu, 1e-9), "samples_per_s": fast.samples / fast.wall_s,
             "stall": paced.stall_fraction, "cpu_s": cpu, "samples": fast.samples}
 

@@ -221,8 +221,20 @@ def _texts(
     return texts, positions, errors
 
 
+
+class _Tokenizing:
+    """Shared by transforms that tokenize text: one tokenizer per process, loaded on first use
+    (its fields ``tokenizer``, ``eos_token``, ``num_threads``, ``append_eos`` name it)."""
+
+    def _tokenizer(self) -> Tokenizer:
+        return _load_tokenizer(self.tokenizer, self.eos_token, self.num_threads, self.append_eos)
+
+    def setup(self, **kwargs: Any) -> None:
+        self._tokenizer()
+
+
 @dataclass(frozen=True)
-class TokenizeText(SampleTransform):
+class TokenizeText(_Tokenizing, SampleTransform):
     """Tokenize one text field per row with a real tokenizer, batch-encoding the whole chunk.
 
     Args:
@@ -251,12 +263,6 @@ class TokenizeText(SampleTransform):
     def required_fields(self) -> Mapping[str, FieldKind]:
         return {self.field: FieldKind.TEXT}
 
-    def _tokenizer(self) -> Tokenizer:
-        return _load_tokenizer(self.tokenizer, self.eos_token, self.num_threads, self.append_eos)
-
-    def setup(self, **kwargs: Any) -> None:
-        self._tokenizer()
-
     def __call__(
         self, columns: Mapping[str, Sequence[Any]], *, context: ChunkContext, **kwargs: Any
     ) -> TransformResult:
@@ -274,7 +280,7 @@ class TokenizeText(SampleTransform):
 
 
 @dataclass(frozen=True)
-class DecodeImageCaption(SampleTransform):
+class DecodeImageCaption(_Tokenizing, SampleTransform):
     """Decode an image and tokenize its caption: one image-text sample per row.
 
     The image is checked against ``max_pixels`` from its header before decoding, decoded to RGB and
@@ -310,12 +316,6 @@ class DecodeImageCaption(SampleTransform):
 
     def required_fields(self) -> Mapping[str, FieldKind]:
         return {self.image_field: FieldKind.BYTES, self.caption_field: FieldKind.TEXT}
-
-    def _tokenizer(self) -> Tokenizer:
-        return _load_tokenizer(self.tokenizer, self.eos_token, self.num_threads, self.append_eos)
-
-    def setup(self, **kwargs: Any) -> None:
-        self._tokenizer()
 
     def __call__(
         self, columns: Mapping[str, Sequence[Any]], *, context: ChunkContext, **kwargs: Any
