@@ -221,7 +221,6 @@ def _texts(
     return texts, positions, errors
 
 
-
 class _Tokenizing:
     """Shared by transforms that tokenize text: one tokenizer per process, loaded on first use
     (its fields ``tokenizer``, ``eos_token``, ``num_threads``, ``append_eos`` name it)."""
