@@ -21,7 +21,7 @@ from typing import Any
 
 from mdata.errors import MeshError, TrainerError, TrainerTimeoutError
 
-__all__ = ["Loader", "submit_job"]
+__all__ = ["Loader", "submit_job", "default_device"]
 
 _LOADER_STATE_VERSION = 1
 
@@ -57,6 +57,16 @@ def submit_job(client, plan, *, job: str = "default", checkpoint: dict | None = 
         plan=pickle.dumps(plan),
         checkpoint=checkpoint,
     )
+
+
+def default_device():
+    """Where batches land: this process's GPU when CUDA is available (``cuda:LOCAL_RANK``, as
+    torchrun sets it), else ``None`` (plain CPU tensors)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
 
 
 def _rank_from_env() -> tuple[int, int]:
@@ -106,7 +116,7 @@ class Loader:
         self.prefetch = max(1, int(config.get("trainer.prefetch") if prefetch is None else prefetch))
         self.timeout = float(config.seconds("trainer.timeout") if timeout is None else timeout)
         self.poll_interval = config.seconds("trainer.poll-interval")
-        self.device = device
+        self.device = default_device() if device is None else device
         self.plan = plan
         self.client, self._owns_client = _connect(cluster, self.timeout, security)
         self.info: dict | None = None
