@@ -57,6 +57,13 @@ class ColumnTable:
         self._n = stop
         return start, stop
 
+    def keep(self, mask: np.ndarray) -> None:
+        """Keep only the rows where ``mask`` is true (in place, order preserved)."""
+        kept = int(np.count_nonzero(mask))
+        for name, col in self._cols.items():
+            col[:kept] = col[: self._n][mask]
+        self._n = kept
+
     def column(self, name: str) -> np.ndarray:
         """A read-only view of the filled part of column ``name``."""
         view = self._cols[name][: self._n]
@@ -136,9 +143,35 @@ class DGraph:
         self._step_seq: dict[int, int] = {}  # when each step was planned, to order stories
         self._seq = 0
         self._id_index: tuple[int, np.ndarray, np.ndarray] | None = None
+        # lineage ids stay global when old steps are forgotten: row = id - _base
+        self._base = 0
+        self.forgotten_before = 0  # steps before this one were dropped (retention)
 
     def __len__(self) -> int:
         return len(self.samples_table)
+
+    def forget_before(self, step: int) -> int:
+        """Drop the lineage of steps before ``step`` (a long run keeps a bounded window);
+        lineage ids of the steps kept do not change. Returns how many samples were dropped."""
+        step = int(step)
+        if step <= self.forgotten_before:
+            return 0
+        gone = [s for s in self._step_ranges if s < step]
+        drop = max((self._step_ranges[s][1] for s in gone), default=self._base) - self._base
+        if drop:
+            keep = np.ones(len(self.samples_table), dtype=bool)
+            keep[:drop] = False
+            self.samples_table.keep(keep)
+            self._base += drop
+        for s in gone:
+            del self._step_ranges[s]
+            self._step_seq.pop(s, None)
+        events = self.rank_events
+        events.keep(events.column("step") >= step)
+        self.skips.keep(self.skips.column("step") >= step)
+        self._id_index = None
+        self.forgotten_before = step
+        return drop
 
     # -- recording ------------------------------------------------------------------------------
     def _next_seq(self) -> int:
@@ -175,6 +208,7 @@ class DGraph:
             step=step, dp_rank=dp_rank, micro_batch=micro_batch, position=position,
             num_tokens=num_tokens,
         )
+        start, stop = start + self._base, stop + self._base  # global lineage ids
         self._step_ranges[int(step)] = (start, stop)
         self._step_seq[int(step)] = self._next_seq()
         return np.arange(start, stop, dtype=np.int64)
@@ -210,12 +244,13 @@ class DGraph:
         ids = np.arange(start, stop, dtype=np.int64)
         if dp_rank is None:
             return ids
-        return ids[self.samples_table.column("dp_rank")[start:stop] == dp_rank]
+        b = self._base
+        return ids[self.samples_table.column("dp_rank")[start - b:stop - b] == dp_rank]
 
     def sample(self, sample_id: int) -> dict[str, Any]:
         """The row of one lineage id, with the source's name."""
         self._check_id(sample_id)
-        row = self.samples_table.row(int(sample_id))
+        row = self.samples_table.row(int(sample_id) - self._base)
         row["source"] = self.sources[row["source_index"]]
         return row
 
@@ -233,7 +268,7 @@ class DGraph:
         target = np.array([s, shard, row], dtype=np.int64)
         lo = _search(keys, target, "left")
         hi = _search(keys, target, "right")
-        return np.sort(order[lo:hi]).astype(np.int64)
+        return np.sort(order[lo:hi]).astype(np.int64) + self._base
 
     def workers(self) -> tuple[str, ...]:
         return tuple(self._workers)
@@ -285,13 +320,18 @@ class DGraph:
         group consumed its batch."""
         t = self.samples_table
         ranges = [self._step_ranges[s] for s in range(start, stop) if s in self._step_ranges]
-        missing = [s for s in range(start, stop) if s not in self._step_ranges]
+        missing = [s for s in range(max(start, self.forgotten_before), stop)
+                   if s not in self._step_ranges]
+        if start < self.forgotten_before:
+            raise PlanError(
+                f"DGraph: steps before {self.forgotten_before} were forgotten (lineage retention); "
+                f"verify steps {self.forgotten_before} and later, or keep more steps")
         report = ExactlyOnceReport(start, stop, sum(b - a for a, b in ranges), 0)
         if missing:
             report.problems.append(f"steps {missing[:10]} were never planned")
         if not ranges:
             return report
-        ids = np.concatenate([np.arange(a, b) for a, b in ranges])
+        ids = np.concatenate([np.arange(a, b) for a, b in ranges]) - self._base
         skip_mask = (self.skips.column("step") >= start) & (self.skips.column("step") < stop)
         report.skipped = int(skip_mask.sum())
         for s, name in enumerate(self.sources):
@@ -317,7 +357,7 @@ class DGraph:
             for s in range(start, stop):
                 if s not in self._step_ranges:
                     continue
-                a, b = self._step_ranges[s]
+                a, b = (x - self._base for x in self._step_ranges[s])
                 for dp in np.unique(t.column("dp_rank")[a:b]).tolist():
                     lacking = [r for r in self._group_ranks(dp) if (s, r) not in seen]
                     if lacking:
@@ -327,9 +367,11 @@ class DGraph:
 
     # -- helpers --------------------------------------------------------------------------------
     def _check_id(self, sample_id: int) -> None:
-        if not 0 <= int(sample_id) < len(self.samples_table):
+        first, end = self._base, self._base + len(self.samples_table)
+        if not first <= int(sample_id) < end:
+            why = " (forgotten: lineage retention)" if 0 <= int(sample_id) < first else ""
             raise PlanError(
-                f"DGraph has {len(self.samples_table)} samples; lineage id {sample_id} is unknown")
+                f"DGraph holds lineage ids {first}..{end - 1}; lineage id {sample_id} is unknown{why}")
 
 
 def _search(keys: np.ndarray, target: np.ndarray, side: str) -> int:

@@ -403,6 +403,7 @@ class PlannerState:
         log_size: int = 10_000,
         pool_sizer: PoolSizer | None = None,
         record_lineage: bool = True,
+        lineage_steps: int | None = None,
     ) -> None:
         plan.validate()
         self.plan = plan
@@ -454,6 +455,8 @@ class PlannerState:
         self._last_weights = np.zeros(S)
         self.log: deque[tuple[str, PlannerEvent, tuple[Instruction, ...]]] = deque(maxlen=log_size)
         self.record_lineage = record_lineage
+        # keep the lineage of the last `lineage_steps` consumed steps (None: all of it)
+        self.lineage_steps = None if lineage_steps is None else max(1, int(lineage_steps))
         self.dgraph = DGraph(self.names, group_ranks=lambda d: sorted(self._receivers[d]))
 
     # -- public API ----------------------------------------------------------------------------
@@ -690,6 +693,11 @@ class PlannerState:
         while (st := self._steps.get(self.consumed_step)) is not None and st.groups_done == self.mesh.dp:
             done.append(self._steps.pop(self.consumed_step))
             self.consumed_step += 1
+        if done and self.lineage_steps is not None:
+            # forget old lineage in batches of a quarter of the retention (amortised copying)
+            horizon = self.consumed_step - self.lineage_steps
+            if horizon - self.dgraph.forgotten_before >= max(1, self.lineage_steps // 4):
+                self.dgraph.forget_before(horizon)
         if done:
             # plan the steps that entered the window before releasing chunks, so a chunk the
             # next steps share with the finished ones stays loaded instead of being reloaded

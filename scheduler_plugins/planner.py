@@ -155,12 +155,16 @@ class PlannerPlugin(SchedulerPlugin):
             return self._job_info(existing)
         client = await self.client()
         listings = await self._list_shards(client, plan_obj)
+        from mdata import config
+
+        lineage_steps = config.get("planner.lineage-steps")
         if checkpoint is not None:
             state = ps.PlannerState.from_checkpoint(
-                plan_obj, listings, Checkpoint.from_dict(checkpoint), job=job
+                plan_obj, listings, Checkpoint.from_dict(checkpoint), job=job,
+                lineage_steps=lineage_steps,
             )
         else:
-            state = ps.PlannerState(plan_obj, listings, job=job)
+            state = ps.PlannerState(plan_obj, listings, job=job, lineage_steps=lineage_steps)
         runtime = JobRuntime(self.scheduler, client, job, plan_obj, state)
         self.jobs[job] = runtime
         await runtime.tick()
@@ -231,9 +235,12 @@ class PlannerPlugin(SchedulerPlugin):
             for dp in range(runtime.plan.mesh.dp):
                 ids = graph.samples(step, dp)
                 out[str(step)][str(dp)] = np.stack([c[ids] for c in cols], axis=1).tolist()
-        report = graph.verify_exactly_once(0, int(steps), require_consumed=True)
+        # lineage retention may have forgotten the oldest steps: check what is kept
+        report = graph.verify_exactly_once(graph.forgotten_before, max(int(steps), graph.forgotten_before),
+                                           require_consumed=True)
         return {
             "samples": out,
+            "forgotten_before": int(graph.forgotten_before),
             "exactly_once": {"ok": report.ok, "samples": int(report.samples),
                              "skipped": int(report.skipped), "problems": list(report.problems)},
         }

@@ -85,3 +85,28 @@ def test_recording_a_step_twice_is_refused():
     record(g, 0, [0], dp_rank=[0])
     with pytest.raises(PlanError, match="step 0 was already recorded"):
         record(g, 0, [1], dp_rank=[0])
+
+
+def test_forgetting_old_steps_keeps_ids_stories_and_checks_of_the_rest():
+    g = DGraph(["web"], group_ranks=lambda d: [d])
+    g.record_load(0, 5, "loader-1")
+    ids = {s: record(g, s, [4 * s + i for i in range(4)], dp_rank=[0, 0, 1, 1]) for s in range(6)}
+    for s in range(6):
+        for rank in (0, 1):
+            g.record_delivered(s, rank, [rank])
+            g.record_consumed(s, rank, rank)
+    story = g.story(int(ids[4][2]))
+    assert g.forget_before(3) == 12  # steps 0, 1, 2: 4 samples each
+    assert len(g) == 12 and g.forgotten_before == 3
+    assert g.samples(2).tolist() == []
+    assert g.samples(4, dp_rank=1).tolist() == ids[4][2:].tolist()  # ids do not move
+    assert g.story(int(ids[4][2])) == story
+    assert g.find("web", 2, 100 + 13).tolist() == [13]
+    assert g.find("web", 2, 100 + 1).tolist() == []  # a forgotten occurrence
+    with pytest.raises(PlanError, match=r"lineage id 1 is unknown \(forgotten: lineage retention\)"):
+        g.story(1)
+    assert g.verify_exactly_once(3, 6).ok
+    with pytest.raises(PlanError, match="steps before 3 were forgotten"):
+        g.verify_exactly_once(0, 6)
+    assert set(g.rank_events.column("step").tolist()) == {3, 4, 5}
+    assert g.forget_before(2) == 0  # never backwards
