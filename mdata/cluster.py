@@ -76,6 +76,7 @@ class MdataCluster:
 
     cluster: object
     pools: dict[str, PoolSpec] = field(default_factory=dict)
+    host: str = "127.0.0.1"  # where new workers of a scaled pool bind
 
     @property
     def scheduler_address(self) -> str:
@@ -111,12 +112,10 @@ class MdataCluster:
             del worker_spec[name]
         next_index = int(current[-1].rsplit("-", 1)[1]) + 1 if current else 0
         for i in range(len(current), workers):
-            worker_spec[f"{pool}-{next_index}"] = _worker(spec.threads, spec.resources, spec.memory_limit, self._host)
+            worker_spec[f"{pool}-{next_index}"] = _worker(spec.threads, spec.resources, spec.memory_limit, self.host)
             next_index += 1
         self.pools[pool] = PoolSpec(spec.name, spec.sources, workers, spec.threads, spec.memory_limit)
         self.cluster.sync(self.cluster._correct_state)
-
-    _host: str = "127.0.0.1"
 
     def close(self) -> None:
         self.cluster.close()
@@ -265,9 +264,7 @@ def start_cluster(
         security=security,
         name="mdata",
     )
-    out = MdataCluster(cluster=cluster, pools={p.name: p for p in pools})
-    out._host = host
-    return out
+    return MdataCluster(cluster=cluster, pools={p.name: p for p in pools}, host=host)
 
 
 def cluster_up_cli(args: argparse.Namespace) -> int:
