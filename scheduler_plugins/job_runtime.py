@@ -279,9 +279,11 @@ class JobRuntime:
                 asyncio.ensure_future(self.batch_ready[key].wait()),
                 asyncio.ensure_future(self.failed.wait()),
             }
-            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-            for waiter in waiters:
-                waiter.cancel()
+            try:
+                await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            finally:  # also when the long-poll itself is cancelled (timeout, trainer gone)
+                for waiter in waiters:
+                    waiter.cancel()
 
     async def acknowledge(self, rank: int, step: int, wait_s: float = 0.0) -> None:
         self.consumed_steps[rank] = max(self.consumed_steps.get(rank, -1), step)
