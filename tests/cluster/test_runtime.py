@@ -293,3 +293,30 @@ def test_step_history_is_bounded_by_configuration(example_sources_small):
             run_loaders(c, job="hist", world_size=1, steps=8)
             steps = sorted(int(s) for s in status(c, "hist")["steps"])
     assert len(steps) == 3 and steps == list(range(steps[0], steps[0] + 3)) and steps[0] >= 5
+
+
+def test_metrics_reported_by_trainers_steer_a_metric_driven_mixture(client, example_sources_small):
+    """Trainers report per-source loss; the policy moves all weight to 'code'; steps planned after
+    the report contain only code, steps planned before it keep the first mixture."""
+    from policies import FollowTheLoss
+
+    sources = [s for s in example_sources_small if s.name in ("chat", "code")]
+    plan = (Plan(sources).mix(FollowTheLoss(["chat", "code"]))
+            .cost(AttentionCost(a=1.0, b=2048.0))
+            .balance(micro_batches=1, max_tokens=2048, global_batch=8)
+            .distribute(ClientPlaceTree(dp=1)).seed(4).window(2))
+    submit_job(client, plan, job="metrics")
+    with Loader(client, job="metrics", rank=0, world_size=1, steps=8, timeout=60) as loader:
+        counts = []
+        for batch in loader:
+            counts.append(sorted({int(s) for s in batch["sample_ids"][:, 0].tolist()}))
+            if batch["step"] == 1:
+                loader.report_metrics(1, {"loss/chat": 0.0, "loss/code": 2.5})
+    summaries = status(client, "metrics")["steps"]
+    assert counts[0] == [0, 1]  # equal weights before any report
+    assert counts[-1] == [1]  # only code once the report steered the mixture
+    assert summaries["7"]["target_weights"] == {"chat": 0.0, "code": 1.0}
+    assert summaries["7"]["counts"] == {"chat": 0, "code": 8}
+    ckpt = client.sync(client.scheduler.mdata_checkpoint, job="metrics", step=8)
+    assert ckpt["mixture"]["history"][-1]["metrics"] == {"loss/chat": 0.0, "loss/code": 2.5}
+    client.sync(client.scheduler.mdata_close_job, job="metrics")
