@@ -46,6 +46,7 @@ __all__ = [
     "causal_attention_work",
     "cp_zigzag_slices",
     "greedy_pack_baseline",
+    "pigeonhole_lower_bound",
     "lower_bound",
 ]
 
@@ -164,6 +165,26 @@ def lower_bound(costs: np.ndarray, dp: int) -> float:
     if costs.size == 0:
         return 0.0
     return float(max(costs.sum() / dp, costs.max()))
+
+
+def pigeonhole_lower_bound(costs: np.ndarray, dp: int) -> float:
+    """A tighter bound than :func:`lower_bound` when many samples are large.
+
+    Among the ``k*dp + 1`` largest samples, some rank holds at least ``k + 1`` of them, so the
+    makespan is at least the sum of the ``k + 1`` smallest of those. The bound is the largest of
+    these over ``k`` (and of :func:`lower_bound`). It matters when a step holds more
+    full-context documents than there are ranks: then two of them must share a rank, however the
+    rest is spread.
+    """
+    costs = np.sort(np.asarray(costs, dtype=np.float64))[::-1]
+    best = lower_bound(costs, dp)
+    if costs.size <= dp:
+        return best
+    prefix = np.concatenate([[0.0], np.cumsum(costs)])
+    k = np.arange(1, (costs.size - 1) // dp + 1)
+    top = k * dp + 1  # the k*dp+1 largest samples...
+    sums = prefix[top] - prefix[top - (k + 1)]  # ...of which the k+1 smallest share a rank
+    return float(max(best, sums.max()))
 
 
 def _assemble(

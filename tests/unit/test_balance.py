@@ -289,3 +289,24 @@ def test_brute_force_exact_values():
     assert brute_force_min_makespan([], 3) == 0.0
     with pytest.raises(PlanError, match="at most 16 samples, got 17"):
         brute_force_min_makespan(np.ones(17), 2)
+
+
+def test_pigeonhole_bound_is_valid_and_tight_when_large_samples_outnumber_ranks():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from mdata.balance import pigeonhole_lower_bound
+
+    # 5 equal large items on 4 ranks: two share a rank, whatever the small ones do
+    costs = np.array([10.0] * 5 + [1.0] * 3)
+    assert lower_bound(costs, 4) == 13.25
+    assert pigeonhole_lower_bound(costs, 4) == 20.0
+    assert brute_force_min_makespan(costs, 4) == 20.0
+
+    @settings(max_examples=60, deadline=None)
+    @given(st.lists(st.integers(1, 50), min_size=1, max_size=9), st.integers(2, 3))
+    def never_above_the_optimum(values, dp):
+        c = np.array(values, dtype=np.float64)
+        assert lower_bound(c, dp) <= pigeonhole_lower_bound(c, dp) <= brute_force_min_makespan(c, dp) + 1e-9
+
+    never_above_the_optimum()
