@@ -47,12 +47,12 @@ from mdata.pool_demand import PoolSizer
 __all__ = [
     # events
     "PlannerEvent", "Tick", "ChunkLoaded", "ChunkFailed", "WorkerLost", "BatchDelivered",
-    "BatchConsumed", "MetricsReported",
+    "BatchConsumed", "RanksConsumed", "MetricsReported",
     # instructions
     "Instruction", "LoadChunk", "ReleaseChunk", "ConstructBatch", "ReleaseBatch", "StepReady",
     "JobFailed", "PoolTarget",
     # values
-    "StepSamples", "StepSummary", "PlannerState", "row_counts_of",
+    "StepSamples", "StepSummary", "PlannerState", "row_counts_of", "coalesce_acknowledgements",
 ]
 
 _SHIFT = 40  # int key of a chunk: source_index << 40 | chunk_id
@@ -124,6 +124,16 @@ class BatchConsumed(PlannerEvent):
 
     step: int
     rank: int
+
+
+@dataclass(frozen=True)
+class RanksConsumed(PlannerEvent):
+    """Trainer ``ranks`` consumed their batches of ``step``: the acknowledgements that arrived
+    together, as one event (at thousands of ranks, one event per rank costs more than the
+    planning itself). Same effect as one :class:`BatchConsumed` per rank."""
+
+    step: int
+    ranks: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -306,6 +316,40 @@ class PoolTarget(Instruction):
 # ------------------------------------------------------------------------------------------------
 # internal state
 # ------------------------------------------------------------------------------------------------
+def coalesce_acknowledgements(events: Sequence[PlannerEvent]) -> list[PlannerEvent]:
+    """Merge the acknowledgements of a batch of events: deliveries by (step, DP rank), then
+    consumptions by step as :class:`RanksConsumed`, in step order, after any other events.
+
+    The runtime applies trainers' acknowledgements in batches; merged, thousands of ranks cost a
+    few events per step instead of two each. Deliveries go first so a sample's story shows it
+    delivered before consumed.
+    """
+    others: list[PlannerEvent] = []
+    delivered: dict[tuple[int, int], list[int]] = {}
+    delivered_sid: dict[tuple[int, int], str] = {}
+    consumed: dict[int, list[int]] = {}
+    consumed_sid: dict[int, str] = {}
+    for ev in events:
+        if type(ev) is BatchDelivered:
+            key = (ev.step, ev.dp_rank)
+            delivered.setdefault(key, []).extend(ev.ranks)
+            delivered_sid.setdefault(key, ev.stimulus_id)
+        elif type(ev) is BatchConsumed:
+            consumed.setdefault(ev.step, []).append(ev.rank)
+            consumed_sid.setdefault(ev.step, ev.stimulus_id)
+        elif type(ev) is RanksConsumed:
+            consumed.setdefault(ev.step, []).extend(ev.ranks)
+            consumed_sid.setdefault(ev.step, ev.stimulus_id)
+        else:
+            others.append(ev)
+    out = list(others)
+    out += [BatchDelivered(step, dp, tuple(ranks), stimulus_id=delivered_sid[(step, dp)])
+            for (step, dp), ranks in sorted(delivered.items())]
+    out += [RanksConsumed(step, tuple(ranks), stimulus_id=consumed_sid[step])
+            for step, ranks in sorted(consumed.items())]
+    return out
+
+
 def row_counts_of(listing: Any) -> np.ndarray:
     """Rows per shard from a SourceListing, SourceMetadata, or a plain sequence of counts."""
     if hasattr(listing, "shards"):
@@ -479,19 +523,29 @@ class PlannerState:
         """The common case of a consumption, applied inline: a rank of a group that other ranks
         of the group still have to consume (no release, no planning). At thousands of ranks this
         is nearly every event of a step. Returns False to take the general path instead."""
-        if self.failed is not None:
-            return False
-        dp = self._rank_dp.get(ev.rank)
-        st = self._steps.get(ev.step)
+        return self.failed is None and self._consume_quietly(ev.step, ev.rank)
+
+    def _consume_quietly(self, step: int, rank: int) -> bool:
+        dp = self._rank_dp.get(rank)
+        st = self._steps.get(step)
         if dp is None or st is None or not st.balanced:
             return False
         group = st.consumed.get(dp)
-        if group is None or ev.rank in group or len(group) + 1 >= len(self._receivers[dp]):
+        if group is None or rank in group or len(group) + 1 >= len(self._receivers[dp]):
             return False
-        group.add(ev.rank)
+        group.add(rank)
         if self.record_lineage:
-            self.dgraph.record_consumed(ev.step, dp, ev.rank)
+            self.dgraph.record_consumed(step, dp, rank)
         return True
+
+    def _on_ranks_consumed(self, ev: RanksConsumed) -> list[Instruction]:
+        """One :class:`BatchConsumed` per rank, in order, without an event object each."""
+        out: list[Instruction] = []
+        quietly = self._consume_quietly
+        for rank in ev.ranks:
+            if not quietly(ev.step, rank):
+                out.extend(self._on_consumed(BatchConsumed(ev.step, rank, stimulus_id=ev.stimulus_id)))
+        return out
 
     def story(self, stimulus_id: str) -> list[tuple[str, PlannerEvent, tuple[Instruction, ...]]]:
         """Log entries of one stimulus (events and what they caused)."""
@@ -570,6 +624,11 @@ class PlannerState:
             if type(ev) is BatchConsumed:  # thousands per step: skip planning unless it freed a step
                 before = self.consumed_step
                 out = self._on_consumed(ev)
+                if self.consumed_step == before:
+                    return out
+            elif type(ev) is RanksConsumed:
+                before = self.consumed_step
+                out = self._on_ranks_consumed(ev)
                 if self.consumed_step == before:
                     return out
             elif isinstance(ev, ChunkLoaded):

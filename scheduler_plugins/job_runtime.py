@@ -105,7 +105,7 @@ class JobRuntime:
             events, self._pending = self._pending, []
             done, self._pending_done = self._pending_done, None
             try:
-                await self._apply(events)
+                await self._apply(ps.coalesce_acknowledgements(events))
             finally:
                 done.set_result(None)
 

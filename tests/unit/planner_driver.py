@@ -14,7 +14,7 @@ import numpy as np
 from mdata.metadata import SourceMetadata
 from mdata.planner_state import (
     BatchConsumed, ChunkLoaded, ConstructBatch, JobFailed, LoadChunk, MetricsReported,
-    PlannerState, StepReady, Tick,
+    PlannerState, RanksConsumed, StepReady, Tick,
 )
 
 
@@ -34,8 +34,9 @@ class Driver:
 
     def __init__(self, state: PlannerState, meta: dict[str, SourceMetadata],
                  metrics: Callable[[int, object], dict | None] | None = None,
-                 on_consumed: Callable[[int], None] | None = None) -> None:
+                 on_consumed: Callable[[int], None] | None = None, bulk: bool = False) -> None:
         self.state = state
+        self.bulk = bulk  # acknowledge each step with one RanksConsumed instead of one event per rank
         self.meta = meta
         self.metrics = metrics
         self.on_consumed = on_consumed
@@ -66,8 +67,12 @@ class Driver:
                     if values:
                         self.queue.extend(self.state.handle(
                             MetricsReported(s, 0, values, stimulus_id=f"metrics-{s}")))
-                self.queue.extend(self.state.handle(
-                    *(BatchConsumed(s, r, stimulus_id=f"consumed-{s}-{r}") for r in self.receivers)))
+                if self.bulk:
+                    self.queue.extend(self.state.handle(
+                        RanksConsumed(s, tuple(self.receivers), stimulus_id=f"consumed-{s}")))
+                else:
+                    self.queue.extend(self.state.handle(
+                        *(BatchConsumed(s, r, stimulus_id=f"consumed-{s}-{r}") for r in self.receivers)))
                 if self.on_consumed is not None:
                     self.on_consumed(s)
             elif isinstance(ins, JobFailed):

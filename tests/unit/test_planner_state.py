@@ -293,3 +293,36 @@ def test_lineage_retention_bounds_the_dgraph_of_a_long_run():
     for step in range(kept.dgraph.forgotten_before, 40):
         assert kept.dgraph.samples(step).tolist() == full.dgraph.samples(step).tolist()
     assert kept.dgraph.verify_exactly_once(kept.dgraph.forgotten_before, 40).ok
+
+
+def test_acknowledgements_in_bulk_plan_exactly_what_one_event_per_rank_plans():
+    meta = {"web": lognormal_metadata("web", 4, 500, 6.0, seed=4, bad_every=13),
+            "code": lognormal_metadata("code", 2, 90, 7.0, seed=5)}
+    plan = (Plan(["web", "code"]).mix({"web": 3, "code": 1})
+            .balance(micro_batches=2, max_tokens=8192, global_batch=64)
+            .distribute(ClientPlaceTree(dp=8, pp=2, tp=2)).window(2))
+    one = Driver(PlannerState(plan, meta), meta).run(12)
+    bulk = Driver(PlannerState(plan, meta), meta, bulk=True).run(12)
+    assert bulk.delivered == one.delivered
+    assert bulk.state.dgraph.verify_exactly_once(0, 12).ok
+    assert bulk.state.checkpoint(12).to_dict() == one.state.checkpoint(12).to_dict()
+    kinds = lambda d: sorted(type(i).__name__ for i in d.instructions)  # noqa: E731
+    assert kinds(bulk) == kinds(one)
+
+
+def test_coalescing_acknowledgements_merges_by_step_and_group():
+    from mdata.planner_state import BatchDelivered, RanksConsumed, coalesce_acknowledgements
+
+    events = [
+        BatchDelivered(3, 0, (0,), stimulus_id="d0"), BatchConsumed(3, 0, stimulus_id="c0"),
+        BatchDelivered(2, 1, (2,), stimulus_id="d2"), BatchConsumed(2, 2, stimulus_id="c2"),
+        BatchDelivered(3, 0, (1,), stimulus_id="d1"), BatchConsumed(3, 1, stimulus_id="c1"),
+        Tick(stimulus_id="t"),
+    ]
+    assert coalesce_acknowledgements(events) == [
+        Tick(stimulus_id="t"),
+        BatchDelivered(2, 1, (2,), stimulus_id="d2"),
+        BatchDelivered(3, 0, (0, 1), stimulus_id="d0"),
+        RanksConsumed(2, (2,), stimulus_id="c2"),
+        RanksConsumed(3, (0, 1), stimulus_id="c0"),
+    ]
