@@ -237,6 +237,15 @@ def _total_nbytes(micro_batches: Sequence[MicroBatch]) -> int:
     return sum(mb.nbytes for mb in micro_batches)
 
 
+def _normalize_batch_fields(batch) -> None:
+    """Frozen batches hold a tuple of micro-batches and a plain ``{source: tokens}`` dict, whatever
+    sequence or mapping (numpy ints included) they were built from."""
+    object.__setattr__(batch, "micro_batches", tuple(batch.micro_batches))
+    object.__setattr__(
+        batch, "tokens_per_source", {str(k): int(v) for k, v in batch.tokens_per_source.items()}
+    )
+
+
 @dataclass(frozen=True, eq=False)
 class Batch:
     """What one trainer rank receives for one step: its CP slice of its DP group's micro-batches.
@@ -255,10 +264,7 @@ class Batch:
     receives_labels: bool = True
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "micro_batches", tuple(self.micro_batches))
-        object.__setattr__(
-            self, "tokens_per_source", {str(k): int(v) for k, v in self.tokens_per_source.items()}
-        )
+        _normalize_batch_fields(self)
 
     @property
     def nbytes(self) -> int:
@@ -297,10 +303,7 @@ class DPBatch:
     def __post_init__(self) -> None:
         if int(self.cp) < 1:
             raise BatchError(f"step {self.step}, dp rank {self.dp_rank}: cp must be >= 1")
-        object.__setattr__(self, "micro_batches", tuple(self.micro_batches))
-        object.__setattr__(
-            self, "tokens_per_source", {str(k): int(v) for k, v in self.tokens_per_source.items()}
-        )
+        _normalize_batch_fields(self)
 
     @property
     def nbytes(self) -> int:
