@@ -33,6 +33,14 @@ def _plt():
     return plt
 
 
+def _save(plt, fig, path: Path) -> Path:
+    """Write one figure as PNG and free it (every plot ends the same way)."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def plot_memory(figures: dict, out: Path) -> Path | None:
     points = sorted((int(m.group(1)), k) for k in figures
                     if (m := re.fullmatch(r"memory\.loader_pss_mb_(\d+)_sources", k)))
@@ -49,11 +57,7 @@ def plot_memory(figures: dict, out: Path) -> Path | None:
     ax.set(xscale="log", xlabel="sources", ylabel="loader-side PSS (MiB)",
            title="Loader memory vs number of sources")
     ax.legend()
-    path = out / "memory_sweep.png"
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, out / "memory_sweep.png")
 
 
 def plot_balance(figures: dict, out: Path) -> Path | None:
@@ -72,11 +76,7 @@ def plot_balance(figures: dict, out: Path) -> Path | None:
     ax.set(xscale="log", xlabel="DP ranks", ylabel="step makespan / lower bound",
            title="Balancing on the corpus's token lengths")
     ax.legend()
-    path = out / "balance_makespan.png"
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, out / "balance_makespan.png")
 
 
 def plot_mixture(out: Path, steps: int = 200) -> Path:
@@ -92,11 +92,7 @@ def plot_mixture(out: Path, steps: int = 200) -> Path:
     ax.set(xlabel="step", ylabel="max |realised - weight|", yscale="log",
            title=f"Mixture per step ({GLOBAL_BATCH} samples)")
     ax.legend()
-    path = out / "mixture_deviation.png"
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, out / "mixture_deviation.png")
 
 
 def main(argv: list[str] | None = None) -> int:

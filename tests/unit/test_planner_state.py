@@ -220,12 +220,18 @@ def test_log_is_bounded_and_queryable():
     assert state.story(sid)[-1] == (sid, event, instructions)
 
 
-def test_large_mesh_driver_run_is_exactly_once():
+def _web_and_code_on_a_large_mesh():
+    """Two sources (one with rows a loader skips) on a DP 8 x PP 2 x TP 2 mesh."""
     meta = {"web": lognormal_metadata("web", 4, 500, 6.0, seed=4, bad_every=13),
             "code": lognormal_metadata("code", 2, 90, 7.0, seed=5)}
     plan = (Plan(["web", "code"]).mix({"web": 3, "code": 1})
             .balance(micro_batches=2, max_tokens=8192, global_batch=64)
             .distribute(ClientPlaceTree(dp=8, pp=2, tp=2)).window(2))
+    return meta, plan
+
+
+def test_large_mesh_driver_run_is_exactly_once():
+    meta, plan = _web_and_code_on_a_large_mesh()
     state = PlannerState(plan, meta)
     Driver(state, meta).run(12)
     rep = state.dgraph.verify_exactly_once(0, 12)
@@ -296,11 +302,7 @@ def test_lineage_retention_bounds_the_dgraph_of_a_long_run():
 
 
 def test_acknowledgements_in_bulk_plan_exactly_what_one_event_per_rank_plans():
-    meta = {"web": lognormal_metadata("web", 4, 500, 6.0, seed=4, bad_every=13),
-            "code": lognormal_metadata("code", 2, 90, 7.0, seed=5)}
-    plan = (Plan(["web", "code"]).mix({"web": 3, "code": 1})
-            .balance(micro_batches=2, max_tokens=8192, global_batch=64)
-            .distribute(ClientPlaceTree(dp=8, pp=2, tp=2)).window(2))
+    meta, plan = _web_and_code_on_a_large_mesh()
     one = Driver(PlannerState(plan, meta), meta).run(12)
     bulk = Driver(PlannerState(plan, meta), meta, bulk=True).run(12)
     assert bulk.delivered == one.delivered
