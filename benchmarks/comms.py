@@ -113,7 +113,7 @@ def _recv_into(conn: socket.socket, view: memoryview) -> bool:
 async def _serve() -> None:
     from distributed.comm import listen
 
-    import mdata.batch_serialization  # noqa: F401  the receiver must know the wire format
+    import mdata.wire.frames  # noqa: F401  the receiver must know the wire format
     from mdata.batch import Batch
 
     done = asyncio.Event()
@@ -177,7 +177,7 @@ async def _measure(addresses: dict, batches: dict, count: int, repeats: int) -> 
     from distributed.comm import connect
     from distributed.protocol import to_serialize
 
-    import mdata.batch_serialization as wire
+    import mdata.wire.frames as wire
 
     comm = await connect(addresses["comm"])
     raw = socket.create_connection(("127.0.0.1", addresses["raw"]))

@@ -7,9 +7,9 @@ are read with psutil:
   torch pages: that lowers the baseline's numbers, the conservative direction), each driving its
   own ``DataLoader`` with ``W`` worker processes (``benchmarks/baseline.py``).
 * :class:`MdataFleet` — a *cluster host* process (the Dask scheduler with the Planner, and the
-  nannies) started with :func:`mdata.cluster.start_cluster`, its Dask worker processes (loader
+  nannies) started with :func:`mdata.driver.start_cluster`, its Dask worker processes (loader
   pools and constructors), and a *trainer host* process holding the ``R`` trainer-side
-  :class:`mdata.client.Loader` objects (one thread per rank).
+  :class:`mdata.trainer.Loader` objects (one thread per rank).
 
 Each fleet takes the same commands: ``run(steps, compute_s_per_cost)`` makes every rank consume
 ``steps`` batches, sleeping for the batch's attention cost times ``compute_s_per_cost`` (a
@@ -200,8 +200,8 @@ def _quiet_dask() -> None:
 
 def _cluster_host_main(sources, plan, job: str, loader_workers: int, conn) -> None:
     _quiet_dask()
-    from mdata.client import submit_job
-    from mdata.cluster import PoolSpec, start_cluster
+    from mdata.driver import submit_job
+    from mdata.driver import PoolSpec, start_cluster
 
     names = [s.name for s in sources]
     groups = [tuple(names[i::loader_workers]) for i in range(min(loader_workers, len(names)))]
@@ -222,7 +222,7 @@ def _trainer_host_main(address: str, job: str, ranks: int, conn) -> None:
     _quiet_dask()
     from distributed import Client
 
-    from mdata.client import Loader
+    from mdata.trainer import Loader
 
     with Client(address, direct_to_workers=True, set_as_default=False) as client:
         loaders = [Loader(client, job=job, rank=r, world_size=ranks, timeout=120.0) for r in range(ranks)]

@@ -40,7 +40,7 @@ __all__ = ["LIMIT_MB", "measure", "run"]
 LIMIT_MB = 12 * 1024
 MAX_TOKENS = 4096
 MICRO_BATCHES = 2
-PREFETCH = 2  # mdata.client.Loader's default prefetch depth
+PREFETCH = 2  # mdata.trainer.Loader's default prefetch depth
 
 
 def _weights(sources) -> dict[str, float]:

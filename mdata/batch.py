@@ -1,7 +1,7 @@
 """Batches: what a constructor builds for one DP group and what each trainer rank receives.
 
 This module is numpy only (no torch, no dask), so constructor workers stay lean (DESIGN.md 9:
-torch adds ~180 MB per process); trainers turn batches into tensors with :mod:`mdata.tensors`.
+torch adds ~180 MB per process); trainers turn batches into tensors with :mod:`mdata.trainer.tensors`.
 
 Layout of one micro-batch (the conventions every consumer relies on)
 --------------------------------------------------------------------
@@ -279,8 +279,8 @@ class Batch:
         return np.concatenate([mb.sample_ids for mb in self.micro_batches])
 
     def to_torch(self, device: Any = None, pin: bool | None = None) -> list[dict[str, Any]]:
-        """Torch tensors per micro-batch; see :func:`mdata.tensors.batch_to_torch` (imports torch)."""
-        from mdata.tensors import batch_to_torch
+        """Torch tensors per micro-batch; see :func:`mdata.trainer.tensors.batch_to_torch` (imports torch)."""
+        from mdata.trainer.tensors import batch_to_torch
 
         return batch_to_torch(self, device=device, pin=pin)
 

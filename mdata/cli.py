@@ -20,13 +20,13 @@ def _cmd_data_example(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from mdata.demo import run_demo
+    from mdata.driver.demo import run_demo
 
     return run_demo(steps=args.steps, json_path=args.json, data_dir=args.data, quiet=args.quiet)
 
 
 def _cmd_cluster_up(args: argparse.Namespace) -> int:
-    from mdata.cluster import cluster_up_cli
+    from mdata.driver import cluster_up_cli
 
     return cluster_up_cli(args)
 

@@ -27,7 +27,7 @@ from mdata.checkpoint import Checkpoint
 from mdata.errors import MdataError, PlanError
 from mdata.ids import SampleId
 from scheduler_plugins.dashboard.pages import register_pages
-from scheduler_plugins.dashboard_routes import register_routes
+from scheduler_plugins.dashboard.routes import register_routes
 from scheduler_plugins.job_runtime import JobRuntime, pool_resource
 from workers.loader import as_key
 from workers.plugin import PLUGIN_NAME, MdataWorkerPlugin
@@ -138,7 +138,7 @@ class PlannerPlugin(SchedulerPlugin):
             known = ", ".join(sorted(self.jobs)) or "none"
             raise MdataError(
                 f"no mdata job named {job!r} on this cluster (jobs: {known}); register it first with "
-                "mdata.client.submit_job(client, plan, job=...) or pass plan= to the Loader"
+                "mdata.driver.submit_job(client, plan, job=...) or pass plan= to the Loader"
             ) from None
 
     async def register_job(self, job: str, plan: bytes, checkpoint: dict | None = None) -> dict:

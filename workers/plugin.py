@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
-import mdata.batch_serialization  # noqa: F401  registers the batch wire format on this worker
+import mdata.wire.frames  # noqa: F401  registers the batch wire format on this worker
 from workers.constructor import HANDLER_GET_BATCH, make_get_batch_handler
 from workers.loader import HANDLER_TAKE_ROWS, make_take_rows_handler
 

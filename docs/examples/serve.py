@@ -21,8 +21,8 @@ from my_job import JOB, make_data, my_plan, my_sources
 
 from distributed import Client
 
-from mdata.cluster import start_cluster
-from mdata.inspect import JobHandle
+from mdata.driver import start_cluster
+from mdata.driver import JobHandle
 
 
 def main() -> int:

@@ -10,7 +10,7 @@ import argparse
 import torch
 import torch.distributed as dist
 
-from mdata.client import Loader
+from mdata.trainer import Loader
 
 
 def main() -> None:

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 PALETTE = Category10_10
 NO_PLANNER = "no mdata Planner on this scheduler (start it with --preload scheduler_plugins.planner)"
 LATEST = "(latest job)"
-NO_JOB = "no mdata job registered yet (mdata.client.submit_job or a Loader with plan=)"
+NO_JOB = "no mdata job registered yet (mdata.driver.submit_job or a Loader with plan=)"
 
 
 def planner(scheduler) -> Any | None:

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from mdata.client import Loader
+from mdata.trainer import Loader
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +21,7 @@ def example_sources_small(example_corpus):
 @pytest.fixture(scope="module")
 def mdata_cluster(example_sources_small) -> Iterator:
     """An embedded cluster: Planner scheduler, pools for the example sources, two constructors."""
-    from mdata.cluster import start_cluster
+    from mdata.driver import start_cluster
 
     logging.getLogger("distributed").setLevel(logging.WARNING)
     with start_cluster(example_sources_small, constructors=2, constructor_threads=1,

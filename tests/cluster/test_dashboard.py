@@ -17,8 +17,8 @@ import pytest
 from distributed.utils import sync
 
 from conftest import run_loaders
-from mdata.client import submit_job
-from mdata.demo import demo_plan
+from mdata.driver import submit_job
+from mdata.driver.demo import demo_plan
 from scheduler_plugins.dashboard.balance import BalancePanel
 from scheduler_plugins.dashboard.common import LATEST
 from scheduler_plugins.dashboard.figures import STORY_COLUMNS

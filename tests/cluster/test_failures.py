@@ -15,7 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import run_loaders
-from mdata.client import Loader, submit_job
+from mdata.driver import submit_job
+from mdata.trainer import Loader
 from mdata.cost import AttentionCost
 from mdata.errors import MdataError, TrainerError
 from mdata.mesh import ClientPlaceTree
@@ -114,7 +115,7 @@ def test_resume_from_a_trainer_checkpoint_reproduces_the_sequence(client, exampl
 @pytest.fixture
 def resilient_cluster(example_sources_small):
     """A cluster whose text pool has two workers, so one can die while the job runs."""
-    from mdata.cluster import PoolSpec, start_cluster
+    from mdata.driver import PoolSpec, start_cluster
 
     sources = [s for s in example_sources_small if s.name in ("chat", "scenes", "code")]
     pools = [PoolSpec("text", tuple(s.name for s in sources), workers=2)]
@@ -173,7 +174,7 @@ def test_pools_scale_one_by_one_and_follow_the_planners_targets(resilient_cluste
     Planner's demand-based target (this small job needs 1 worker) and says why."""
     from distributed import Client
 
-    from mdata.cluster import PoolAutoscaler
+    from mdata.driver import PoolAutoscaler
 
     cluster, sources = resilient_cluster
 

@@ -9,13 +9,13 @@ import threading
 import pytest
 import tiktoken
 
-from mdata.client import Loader
-from mdata.cluster import PoolSpec, start_cluster
+from mdata.trainer import Loader
+from mdata.driver import PoolSpec, start_cluster
 from mdata.cost import AttentionCost
 from mdata.data.example import example_sources
 from mdata.errors import CheckpointError, MdataError
 from mdata.ids import SampleId
-from mdata.inspect import JobHandle
+from mdata.driver import JobHandle
 from mdata.mesh import ClientPlaceTree
 from mdata.plan import Plan
 

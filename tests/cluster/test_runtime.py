@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from conftest import run_loaders
-from mdata.client import Loader, submit_job
+from mdata.driver import submit_job
+from mdata.trainer import Loader
 from mdata.cost import AttentionCost
 from mdata.errors import MeshError, TrainerError
 from mdata.mesh import ClientPlaceTree
@@ -236,14 +237,14 @@ def test_bf16_batches_round_trip_through_the_cluster(client):
                         {"input_ids": np.arange(4096, dtype=np.int32), "loss_weight": field})
         return Batch(step=0, dp_rank=0, cp_rank=0, cp=1, micro_batches=(mb,))
 
-    import mdata.batch_serialization  # noqa: F401
+    import mdata.wire.frames  # noqa: F401
 
     fut = client.submit(lambda: make(), pure=False)
     batch = fut.result()
     got = batch.micro_batches[0]["loss_weight"]
     assert isinstance(got, TensorField) and got.dtype_name == "bfloat16"
     assert bytes(got.buffer) == bytes(field.buffer)
-    from mdata.tensors import field_to_tensor
+    from mdata.trainer.tensors import field_to_tensor
 
     tensor = field_to_tensor(got)
     assert tensor.dtype == torch.bfloat16
@@ -283,7 +284,7 @@ def test_step_history_is_bounded_by_configuration(example_sources_small):
     import dask
     from distributed import Client
 
-    from mdata.cluster import start_cluster
+    from mdata.driver import start_cluster
 
     sources = [s for s in example_sources_small if s.name in ("chat", "code")]
     with dask.config.set({"mdata.planner.history-steps": 3}):

@@ -12,7 +12,7 @@ def trainer(rank: int, world_size: int, address: str, port: int, job: str, steps
     import torch
     import torch.distributed as dist
 
-    from mdata.client import Loader
+    from mdata.trainer import Loader
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))

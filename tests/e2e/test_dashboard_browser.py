@@ -19,8 +19,9 @@ import time
 
 import pytest
 
-from mdata.client import Loader, submit_job
-from mdata.demo import demo_plan
+from mdata.driver import submit_job
+from mdata.trainer import Loader
+from mdata.driver.demo import demo_plan
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
@@ -96,7 +97,7 @@ def running_job(example_corpus):
     """An embedded cluster with a job whose four trainer ranks keep consuming until stopped."""
     from distributed import Client
 
-    from mdata.cluster import start_cluster
+    from mdata.driver import start_cluster
     from mdata.data.example import example_sources
 
     logging.getLogger("distributed").setLevel(logging.WARNING)

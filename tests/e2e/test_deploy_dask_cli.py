@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from mdata.client import Loader, submit_job
+from mdata.driver import submit_job
+from mdata.trainer import Loader
 from mdata.cost import AttentionCost
 from mdata.mesh import ClientPlaceTree
 from mdata.plan import Plan

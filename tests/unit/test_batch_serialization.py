@@ -1,4 +1,4 @@
-"""The batch wire format (mdata.batch_serialization) through distributed's real protocol code."""
+"""The batch wire format (mdata.wire.frames) through distributed's real protocol code."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from dask.sizeof import sizeof
 from distributed.protocol import deserialize, dumps, loads, serialize, to_serialize
 
-import mdata.batch_serialization as wire
+import mdata.wire.frames as wire
 from mdata.batch import Batch, DPBatch, MicroBatch, TensorField, build_dp_batch
 from mdata.errors import BatchError
 from mdata.sources.chunk import SampleChunk

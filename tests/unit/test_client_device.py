@@ -2,7 +2,7 @@
 
 import torch
 
-from mdata.client import default_device
+from mdata.trainer import default_device
 
 
 def test_cpu_only_machines_get_plain_cpu_tensors(monkeypatch):

@@ -1,4 +1,4 @@
-"""Trainer-side tensor landing (mdata.tensors). CPU always; the CUDA paths run where CUDA exists."""
+"""Trainer-side tensor landing (mdata.trainer.tensors). CPU always; the CUDA paths run where CUDA exists."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import pytest
 import torch
 from distributed.protocol import dumps, loads, to_serialize
 
-import mdata.batch_serialization  # noqa: F401  registers the wire format
+import mdata.wire.frames  # noqa: F401  registers the wire format
 from mdata.batch import Batch, MicroBatch, TensorField, build_dp_batch
 from mdata.errors import TrainerError
 from mdata.sources.chunk import SampleChunk
-from mdata.tensors import BatchLander, PinnedBufferPool, batch_to_torch, field_to_tensor
+from mdata.trainer.tensors import BatchLander, PinnedBufferPool, batch_to_torch, field_to_tensor
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only build")

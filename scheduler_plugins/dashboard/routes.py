@@ -22,7 +22,7 @@ from mdata.errors import MdataError
 from scheduler_plugins.dashboard import figures
 from scheduler_plugins.dashboard.common import NO_PLANNER, planner
 
-MODULE = "scheduler_plugins.dashboard_routes"
+MODULE = "scheduler_plugins.dashboard.routes"
 CONFIG_KEY = "distributed.scheduler.http.routes"
 
 FIGURES = {

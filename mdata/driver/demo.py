@@ -3,7 +3,7 @@
 It builds the real example corpus if missing, starts the embedded cluster (a Planner scheduler,
 loader pools, a constructor), registers a plan over every example source on a DP x CP mesh, and
 starts one trainer *process* per rank. Trainers join a torch.distributed (gloo) group, pull their
-batches through :class:`mdata.client.Loader`, spend a compute time proportional to their batch's
+batches through :class:`mdata.trainer.Loader`, spend a compute time proportional to their batch's
 attention cost, and synchronize every step with an all-reduce, as data-parallel training does, so
 the step takes as long as the slowest rank. The driver shows progress, then checks from lineage
 and what trainers received that every planned sample arrived exactly once per DP group, and prints
@@ -63,7 +63,7 @@ def trainer_main(rank: int, world_size: int, address: str, port: int, steps: int
     import torch
     import torch.distributed as dist
 
-    from mdata.client import Loader
+    from mdata.trainer import Loader
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -105,8 +105,8 @@ def run_demo(*, steps: int = 20, json_path: str | None = None, data_dir: str = "
     from distributed import Client
     from tqdm import tqdm
 
-    from mdata.client import submit_job
-    from mdata.cluster import start_cluster
+    from mdata.driver import submit_job
+    from mdata.driver import start_cluster
     from mdata.data.example import build_example_corpus, example_sources
 
     say = (lambda *a: None) if quiet else print

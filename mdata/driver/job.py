@@ -134,7 +134,7 @@ class JobHandle:
     @classmethod
     def submit(cls, client, plan, *, job: str = "default", checkpoint: Mapping | None = None) -> "JobHandle":
         """Register ``plan`` as ``job`` (idempotent for the same plan) and return its handle."""
-        from mdata.client import submit_job
+        from mdata.driver import submit_job
 
         submit_job(client, plan, job=job, checkpoint=None if checkpoint is None else dict(checkpoint))
         handle = cls(client, job)

@@ -3,7 +3,7 @@
 Importing this module registers it with ``distributed``'s "dask" serializer family for
 :class:`~mdata.batch.Batch` and :class:`~mdata.batch.DPBatch`, and registers ``dask.sizeof`` for
 them (and for :class:`~mdata.sources.chunk.SampleChunk`). Both the sending worker and the receiving
-trainer must import it (``mdata.client`` and the worker plugin do); registering twice is harmless.
+trainer must import it (``mdata.trainer`` and the worker plugin do); registering twice is harmless.
 
 Why not pickle or distributed's torch/numpy serializers: batches stay numpy on the Dask side (no
 torch in loader/constructor processes), bfloat16 has no numpy dtype (distributed's torch

@@ -1,0 +1,20 @@
+"""Driver side: code that starts clusters, submits jobs and watches them (scripts, notebooks, CLI).
+
+``start_cluster`` runs an embedded cluster with one worker pool per source group,
+``PoolAutoscaler`` resizes those pools from the Planner's targets, ``submit_job`` registers a plan,
+and ``JobHandle`` answers questions about a running job. The demo lives here too.
+"""
+
+from mdata.driver.cluster import (
+    MdataCluster,
+    PoolAutoscaler,
+    PoolSpec,
+    cluster_up_cli,
+    default_pools,
+    start_cluster,
+)
+from mdata.driver.job import JobHandle, Occurrence, SampleStory
+from mdata.trainer.loader import submit_job
+
+__all__ = ["MdataCluster", "PoolAutoscaler", "PoolSpec", "cluster_up_cli", "default_pools",
+           "start_cluster", "JobHandle", "Occurrence", "SampleStory", "submit_job"]

@@ -1,0 +1,291 @@
+"""Start an mdata cluster on one machine, or connect to one that runs elsewhere.
+
+An mdata cluster is a plain Dask cluster whose scheduler runs the Planner (preloaded as
+``scheduler_plugins.planner``) and whose workers carry *pool resources*: a worker with
+``pool_<source>=N`` loads that source, one with ``mdata_constructor=N`` builds batches. The
+embedded cluster below is a ``SpecCluster`` with one worker template per pool, so each pool can be
+scaled on its own (Dask's ``Adaptive`` is pool-blind). Beyond one machine the same roles come from
+the dask CLI (``dask scheduler --preload scheduler_plugins.planner``; ``dask worker ADDR --resources
+pool_text=1``), Kubernetes worker groups or Slurm jobs; trainers attach by address.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from mdata.errors import PlanError
+
+__all__ = ["PoolSpec", "MdataCluster", "PoolAutoscaler", "start_cluster", "default_pools",
+           "cluster_up_cli"]
+
+PLANNER_PRELOAD = "scheduler_plugins.planner"
+CONSTRUCTOR_RESOURCE = "mdata_constructor"
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """One loader pool: the sources it serves, how many workers, threads per worker."""
+
+    name: str
+    sources: tuple[str, ...]
+    workers: int = 1
+    threads: int = 1
+    memory_limit: str | int = "4GiB"
+
+    def __post_init__(self) -> None:
+        if not _NAME.match(self.name):
+            raise PlanError(f"pool name {self.name!r} must be a lowercase identifier")
+        if not self.sources:
+            raise PlanError(f"pool {self.name!r} serves no source")
+        if self.workers < 0 or self.threads < 1:
+            raise PlanError(f"pool {self.name!r}: workers must be >= 0 and threads >= 1")
+
+    @property
+    def resources(self) -> dict[str, int]:
+        # A worker runs at most `amount` tasks of a resource at once: give each pool resource
+        # the worker's thread count so its threads all load (DESIGN.md section 9).
+        return {f"pool_{source}": self.threads for source in self.sources}
+
+
+def default_pools(sources: Iterable, *, cheap_group_size: int = 4) -> list[PoolSpec]:
+    """A laptop-sized default: image-caption sources get a pool each, text sources share pools.
+
+    Text tokenization is cheap next to image decoding, so up to ``cheap_group_size`` text sources
+    share one worker; the Planner's pool targets say when a source deserves more.
+    """
+    names_text, pools = [], []
+    for src in sources:
+        kind = getattr(getattr(src, "transform", None), "kind", "text")
+        if kind == "image_caption":
+            pools.append(PoolSpec(name=src.name, sources=(src.name,)))
+        else:
+            names_text.append(src.name)
+    for i in range(0, len(names_text), cheap_group_size):
+        group = tuple(names_text[i : i + cheap_group_size])
+        pools.append(PoolSpec(name=f"text{i // cheap_group_size}", sources=group))
+    return pools
+
+
+@dataclass
+class MdataCluster:
+    """A running embedded cluster: the Dask ``SpecCluster`` plus mdata's pool bookkeeping."""
+
+    cluster: object
+    pools: dict[str, PoolSpec] = field(default_factory=dict)
+    host: str = "127.0.0.1"  # where new workers of a scaled pool bind
+
+    @property
+    def scheduler_address(self) -> str:
+        return self.cluster.scheduler_address
+
+    @property
+    def dashboard_link(self) -> str:
+        return self.cluster.dashboard_link
+
+    def client(self, **kwargs):
+        from distributed import Client
+
+        kwargs.setdefault("direct_to_workers", True)
+        return Client(self.cluster, **kwargs)
+
+    def scale_pool(self, pool: str, workers: int) -> None:
+        """Set the number of workers of one pool; other pools are untouched.
+
+        Workers are named ``<pool>-<i>``; scaling down removes the highest-numbered ones, which
+        the scheduler retires gracefully (their chunks are recomputed elsewhere if still needed).
+        """
+        spec = self.pools.get(pool)
+        if spec is None:
+            raise PlanError(f"no pool named {pool!r}; pools: {sorted(self.pools)}")
+        if workers < 0:
+            raise PlanError(f"pool {pool!r}: cannot scale to {workers} workers")
+        worker_spec = self.cluster.worker_spec
+        current = sorted(
+            (name for name in worker_spec if name.rsplit("-", 1)[0] == pool),
+            key=lambda name: int(name.rsplit("-", 1)[1]),
+        )
+        for name in current[workers:]:
+            del worker_spec[name]
+        next_index = int(current[-1].rsplit("-", 1)[1]) + 1 if current else 0
+        for i in range(len(current), workers):
+            worker_spec[f"{pool}-{next_index}"] = _worker(spec.threads, spec.resources, spec.memory_limit, self.host)
+            next_index += 1
+        self.pools[pool] = PoolSpec(spec.name, spec.sources, workers, spec.threads, spec.memory_limit)
+        self.cluster.sync(self.cluster._correct_state)
+
+    def close(self) -> None:
+        self.cluster.close()
+
+    def __enter__(self) -> "MdataCluster":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class PoolAutoscaler:
+    """Applies the Planner's per-source targets to an embedded cluster's pools.
+
+    The Planner decides (with hysteresis, and a reason for every target); this only maps source
+    targets to pools (:func:`mdata.pool_scaling.pool_targets`) and calls
+    :meth:`MdataCluster.scale_pool`. On Kubernetes or Slurm the same targets, read from the
+    ``mdata_status`` handler or ``/mdata/api/<job>/sources``, drive the platform's own scaling.
+    """
+
+    def __init__(self, cluster: MdataCluster, client, job: str, *, interval: float = 2.0,
+                 min_workers: int = 1, max_workers: Mapping[str, int] | int | None = None) -> None:
+        import threading
+
+        self.cluster = cluster
+        self.client = client
+        self.job = job
+        self.interval = float(interval)
+        self.min_workers = int(min_workers)
+        self.max_workers = max_workers
+        self.history: list[tuple[float, str, int, int, str]] = []  # time, pool, from, to, reason
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def step(self) -> list:
+        """Read the job's targets once and apply the pool changes they imply; returns them."""
+        import time
+
+        from mdata.pool_scaling import pool_targets
+
+        status = self.client.sync(self.client.scheduler.mdata_status, job=self.job)
+        pools = {name: spec.sources for name, spec in self.cluster.pools.items()}
+        decisions = pool_targets(pools, status["pool_targets"], min_workers=self.min_workers,
+                                 max_workers=self.max_workers)
+        applied = []
+        for pool, decision in decisions.items():
+            current = self.cluster.pools[pool].workers
+            if decision.workers != current:
+                self.cluster.scale_pool(pool, decision.workers)
+                self.history.append((time.time(), pool, current, decision.workers, decision.reason))
+                applied.append(decision)
+        return applied
+
+    def start(self) -> "PoolAutoscaler":
+        import threading
+
+        def loop() -> None:
+            while not self._stop.wait(self.interval):
+                try:
+                    self.step()
+                except Exception:  # a closing cluster or job: stop quietly, scaling is best effort
+                    if self._stop.is_set():
+                        return
+                    raise
+
+        self._thread = threading.Thread(target=loop, name=f"mdata-autoscale-{self.job}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.interval + 5)
+
+
+def _worker(threads: int, resources: Mapping[str, int], memory_limit, host: str) -> dict:
+    from distributed import Nanny
+
+    return {
+        "cls": Nanny,
+        "options": {
+            "nthreads": threads,
+            "resources": dict(resources),
+            "memory_limit": memory_limit,
+            "host": host,
+            "dashboard_address": None,
+        },
+    }
+
+
+def start_cluster(
+    sources: Sequence,
+    *,
+    pools: Sequence[PoolSpec] | None = None,
+    constructors: int | None = None,
+    constructor_threads: int | None = None,
+    host: str | None = None,
+    dashboard_address: str | None = ":0",
+    scheduler_port: int = 0,
+    security=None,
+) -> MdataCluster:
+    """Start an embedded cluster for ``sources``: a Planner scheduler, loader pools, constructors.
+
+    Binds to loopback by default. ``pools`` defaults to :func:`default_pools`. Every source must be
+    served by some pool, or its load tasks would wait forever; that is checked here.
+    """
+    from distributed import Scheduler, SpecCluster
+
+    from mdata import config
+
+    constructors = config.get("cluster.constructors") if constructors is None else constructors
+    constructor_threads = (
+        config.get("cluster.constructor-threads") if constructor_threads is None else constructor_threads
+    )
+    host = config.get("cluster.host") if host is None else host
+    pools = list(pools) if pools is not None else default_pools(sources)
+    served = {name for pool in pools for name in pool.sources}
+    missing = [src.name for src in sources if src.name not in served]
+    if missing:
+        raise PlanError(f"no pool serves source(s) {missing}; add them to a PoolSpec")
+    if constructors < 1:
+        raise PlanError("an mdata cluster needs at least one constructor worker")
+    workers: dict[str, dict] = {}
+    for pool in pools:
+        for i in range(pool.workers):
+            workers[f"{pool.name}-{i}"] = _worker(pool.threads, pool.resources, pool.memory_limit, host)
+    for i in range(constructors):
+        workers[f"constructor-{i}"] = _worker(
+            constructor_threads, {CONSTRUCTOR_RESOURCE: constructor_threads},
+            config.get("cluster.worker-memory-limit"), host,
+        )
+    scheduler_options = {
+        "host": host,
+        "port": scheduler_port,
+        "dashboard": dashboard_address is not None,
+        "dashboard_address": dashboard_address,
+        "preload": [PLANNER_PRELOAD],
+    }
+    if security is not None:
+        scheduler_options["security"] = security
+        for spec in workers.values():
+            spec["options"]["security"] = security
+    cluster = SpecCluster(
+        workers=workers,
+        scheduler={"cls": Scheduler, "options": scheduler_options},
+        security=security,
+        name="mdata",
+    )
+    return MdataCluster(cluster=cluster, pools={p.name: p for p in pools}, host=host)
+
+
+def cluster_up_cli(args: argparse.Namespace) -> int:
+    """``mdata cluster up``: start the embedded cluster for the example corpus and wait."""
+    import time
+    from pathlib import Path
+
+    from mdata.data.example import build_example_corpus, example_sources
+
+    if not (Path(args.data) / "manifest.json").exists():
+        build_example_corpus(args.data, size="small")
+    sources = example_sources(args.data)
+    with start_cluster(sources, constructors=args.constructors, host=args.host,
+                       dashboard_address=args.dashboard_address, scheduler_port=args.port) as c:
+        print(f"scheduler: {c.scheduler_address}")
+        print(f"dashboard: {c.dashboard_link}")
+        print("pools: " + ", ".join(f"{p.name}={list(p.sources)}" for p in c.pools.values()))
+        print("press Ctrl-C to stop", flush=True)
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            pass
+    return 0
