@@ -1,0 +1,177 @@
+"""Which trainer process holds each rank of a job, and which *generation* of the job it joined.
+
+Two rules keep delivery exactly-once when trainers die and come back while the cluster lives on:
+
+- **One rank, one Loader.** A rank is leased to one holder (a Dask client plus a token per
+  Loader). A second Loader for a rank whose holder is still live gets a :class:`TrainerError`
+  naming both; once the holder is gone (its process died, so its client left the scheduler, or
+  it closed) another may take the rank over.
+- **Resume rewinds the job, for every rank alike.** A Loader that brings a checkpoint for a job
+  that exists starts a new generation at the checkpoint's step (the Planner rebuilds its state
+  from the checkpoint and replans identically), unless it is joining the generation that another
+  rank just started with the same step. A rank that brings a different step gets an error naming
+  the ranks and steps that differ; a Loader still running in an older generation gets an error
+  telling it to restart from its checkpoint, instead of waiting on steps that will never come.
+
+The roster is pure bookkeeping: liveness is asked of a callable the runtime passes in (the
+scheduler knows which clients are connected), and rewinding is left to the caller.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from mdata.errors import TrainerError
+
+__all__ = ["Holder", "Attachment", "TrainerRoster", "StaleGenerationError", "RankTakenError",
+           "ResumeMismatchError"]
+
+
+class StaleGenerationError(TrainerError):
+    """The job was rewound after this Loader attached: restart the rank from its checkpoint."""
+
+
+class RankTakenError(TrainerError):
+    """Another live Loader holds this (job, rank)."""
+
+
+class ResumeMismatchError(TrainerError):
+    """Ranks resuming one job brought checkpoints of different steps."""
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds a rank: the Dask client id, a token unique to the Loader, and where it runs."""
+
+    client: str
+    token: str
+    host: str = ""
+    pid: int = 0
+
+    def describe(self) -> str:
+        where = f"{self.host}:{self.pid}" if self.host or self.pid else "unknown process"
+        return f"Loader {self.token[:8]} in {where} (client {self.client})"
+
+
+@dataclass(frozen=True)
+class Attachment:
+    """The roster's answer to an attach: where the rank starts, and whether the job must rewind
+    to ``start_step`` first (``rewind``: rebuild the Planner from the checkpoint)."""
+
+    generation: int
+    start_step: int
+    rewind: bool
+
+
+@dataclass
+class _Generation:
+    number: int
+    start_step: int
+    joined: dict[int, int | None] = field(default_factory=dict)  # rank -> checkpoint step brought
+
+
+class TrainerRoster:
+    """Leases and generations of one job's ranks (see the module docstring)."""
+
+    def __init__(self, world_size: int, start_step: int) -> None:
+        self.world_size = int(world_size)
+        self._gen = _Generation(0, int(start_step))
+        self._leases: dict[int, Holder] = {}
+
+    @property
+    def generation(self) -> int:
+        return self._gen.number
+
+    @property
+    def start_step(self) -> int:
+        return self._gen.start_step
+
+    def holders(self) -> dict[int, Holder]:
+        return dict(self._leases)
+
+    def attach(
+        self,
+        rank: int,
+        holder: Holder,
+        *,
+        checkpoint_step: int | None,
+        is_live: Callable[[Holder], bool],
+        next_step: int | None = None,
+    ) -> Attachment:
+        """Lease ``rank`` to ``holder`` and decide where it starts.
+
+        ``checkpoint_step``: the step of the checkpoint the Loader brings (None: none).
+        ``next_step``: where the rank would continue without a checkpoint (its first step not
+        yet consumed, as the runtime saw it); defaults to the generation's start.
+        """
+        self._check_rank(rank)
+        current = self._leases.get(rank)
+        if current is not None and current.token != holder.token and is_live(current):
+            raise RankTakenError(
+                f"rank {rank} of this job is already served by {current.describe()}; "
+                f"{holder.describe()} cannot take it too. Close the other Loader (or let its "
+                "process exit) first; one rank has one Loader"
+            )
+        gen = self._gen
+        if checkpoint_step is None:
+            self._leases[rank] = holder
+            gen.joined.setdefault(rank, None)
+            start = gen.start_step if next_step is None else max(gen.start_step, int(next_step))
+            return Attachment(gen.number, start, rewind=False)
+        step = int(checkpoint_step)
+        if rank not in gen.joined and step == gen.start_step:  # joining a resume under way
+            self._leases[rank] = holder
+            gen.joined[rank] = step
+            return Attachment(gen.number, step, rewind=False)
+        if rank not in gen.joined and gen.joined:
+            brought = {r: s for r, s in sorted(gen.joined.items())}
+            raise ResumeMismatchError(
+                f"rank {rank} resumes from a checkpoint of step {step}, but generation "
+                f"{gen.number} of this job started at step {gen.start_step} "
+                f"(ranks and the steps they brought, None for none: {brought}); every rank must "
+                "resume from the same step: restore all ranks from checkpoints saved together"
+            )
+        self._leases[rank] = holder
+        # a rank that already joined this generation (its process restarted), or the first rank
+        # of a resume to another step: a new generation at the checkpoint's step
+        self._gen = _Generation(gen.number + 1, step, {rank: step})
+        return Attachment(self._gen.number, step, rewind=True)
+
+    def rewound_by_driver(self, step: int) -> int:
+        """A driver re-registered the job from a checkpoint: a new generation nobody joined yet."""
+        self._gen = _Generation(self._gen.number + 1, int(step))
+        return self._gen.number
+
+    def check(self, rank: int, token: str, generation: int) -> None:
+        """Raise unless ``token`` holds ``rank`` in the current generation."""
+        self._check_rank(rank)
+        if generation != self._gen.number:
+            raise StaleGenerationError(
+                f"rank {rank}: this job was rewound to step {self._gen.start_step} (generation "
+                f"{self._gen.number}) after this Loader attached (generation {generation}); "
+                "restart this rank from its checkpoint like the others"
+            )
+        holder = self._leases.get(rank)
+        if holder is None or holder.token != token:
+            other = holder.describe() if holder is not None else "no Loader"
+            raise RankTakenError(
+                f"rank {rank} is now held by {other}; this Loader ({token[:8]}) lost it"
+            )
+
+    def detach(self, rank: int, token: str) -> None:
+        """A Loader closed: its lease ends at once (another may take the rank over)."""
+        holder = self._leases.get(rank)
+        if holder is not None and holder.token == token:
+            del self._leases[rank]
+
+    def release_client(self, client: str) -> list[int]:
+        """A client left the scheduler: every rank it held is free. Returns those ranks."""
+        freed = [r for r, h in self._leases.items() if h.client == client]
+        for r in freed:
+            del self._leases[r]
+        return freed
+
+    def _check_rank(self, rank: int) -> None:
+        if not 0 <= int(rank) < self.world_size:
+            raise TrainerError(f"rank {rank} is outside the job's world of {self.world_size} ranks")

@@ -1,0 +1,101 @@
+"""The trainer roster: one Loader per rank, and resumes that rewind every rank alike."""
+
+import pytest
+
+from mdata.planner.roster import (
+    Holder,
+    RankTakenError,
+    ResumeMismatchError,
+    StaleGenerationError,
+    TrainerRoster,
+)
+
+
+def holder(name: str, client: str | None = None) -> Holder:
+    return Holder(client=client or f"client-{name}", token=f"token-{name}", host="h", pid=1)
+
+
+def live(*holders: Holder):
+    alive = {h.token for h in holders}
+    return lambda h: h.token in alive
+
+
+def test_fresh_job_every_rank_joins_generation_zero_at_the_start():
+    roster = TrainerRoster(world_size=2, start_step=0)
+    a = roster.attach(0, holder("a"), checkpoint_step=None, is_live=live())
+    b = roster.attach(1, holder("b"), checkpoint_step=None, is_live=live())
+    assert (a.generation, a.start_step, a.rewind) == (0, 0, False)
+    assert (b.generation, b.start_step, b.rewind) == (0, 0, False)
+
+
+def test_a_second_loader_for_a_live_rank_is_refused_naming_both():
+    roster = TrainerRoster(world_size=2, start_step=0)
+    first = holder("first")
+    roster.attach(0, first, checkpoint_step=None, is_live=live(first))
+    with pytest.raises(RankTakenError) as err:
+        roster.attach(0, holder("second"), checkpoint_step=None, is_live=live(first))
+    assert "token-fi" in str(err.value) and "token-se" in str(err.value)
+
+
+def test_a_dead_holder_can_be_taken_over_and_the_rank_continues_where_it_was():
+    roster = TrainerRoster(world_size=2, start_step=0)
+    roster.attach(0, holder("old"), checkpoint_step=None, is_live=live())
+    again = roster.attach(0, holder("new"), checkpoint_step=None, is_live=live(), next_step=7)
+    assert (again.generation, again.start_step, again.rewind) == (0, 7, False)
+    with pytest.raises(RankTakenError):
+        roster.check(0, "token-old", 0)
+    roster.check(0, "token-new", 0)
+
+
+def test_resume_on_a_live_job_rewinds_once_and_the_other_ranks_join():
+    roster = TrainerRoster(world_size=3, start_step=0)
+    for r in range(3):
+        roster.attach(r, holder(f"g0-{r}"), checkpoint_step=None, is_live=live())
+    first = roster.attach(1, holder("g1-1"), checkpoint_step=60, is_live=live())
+    assert (first.generation, first.start_step, first.rewind) == (1, 60, True)
+    others = [roster.attach(r, holder(f"g1-{r}"), checkpoint_step=60, is_live=live()) for r in (0, 2)]
+    assert [(o.generation, o.start_step, o.rewind) for o in others] == [(1, 60, False)] * 2
+    with pytest.raises(StaleGenerationError, match="rewound to step 60"):
+        roster.check(0, "token-g1-0", 0)
+    roster.check(0, "token-g1-0", 1)
+
+
+def test_a_rank_bringing_another_step_gets_an_error_naming_ranks_and_steps():
+    roster = TrainerRoster(world_size=3, start_step=0)
+    for r in range(3):
+        roster.attach(r, holder(f"g0-{r}"), checkpoint_step=None, is_live=live())
+    roster.attach(0, holder("g1-0"), checkpoint_step=60, is_live=live())
+    with pytest.raises(ResumeMismatchError) as err:
+        roster.attach(2, holder("g1-2"), checkpoint_step=50, is_live=live())
+    assert "step 50" in str(err.value) and "{0: 60}" in str(err.value)
+
+
+def test_a_rank_restarting_again_starts_a_new_generation():
+    roster = TrainerRoster(world_size=2, start_step=0)
+    roster.attach(0, holder("a"), checkpoint_step=None, is_live=live())
+    roster.attach(0, holder("b"), checkpoint_step=10, is_live=live())
+    again = roster.attach(0, holder("c"), checkpoint_step=10, is_live=live())
+    assert (again.generation, again.rewind) == (2, True)
+
+
+def test_a_job_registered_from_a_checkpoint_is_joined_without_a_rewind():
+    roster = TrainerRoster(world_size=2, start_step=40)
+    att = [roster.attach(r, holder(str(r)), checkpoint_step=40, is_live=live()) for r in range(2)]
+    assert [(a.generation, a.start_step, a.rewind) for a in att] == [(0, 40, False)] * 2
+
+
+def test_closing_or_losing_the_client_frees_the_rank():
+    roster = TrainerRoster(world_size=2, start_step=0)
+    a, b = holder("a", client="c1"), holder("b", client="c1")
+    roster.attach(0, a, checkpoint_step=None, is_live=live(a, b))
+    roster.attach(1, b, checkpoint_step=None, is_live=live(a, b))
+    roster.detach(0, "token-a")
+    assert set(roster.holders()) == {1}
+    assert roster.release_client("c1") == [1]
+    assert roster.holders() == {}
+
+
+def test_ranks_outside_the_world_are_refused():
+    roster = TrainerRoster(world_size=2, start_step=0)
+    with pytest.raises(Exception, match="outside"):
+        roster.attach(2, holder("x"), checkpoint_step=None, is_live=live())
