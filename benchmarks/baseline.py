@@ -5,8 +5,8 @@ Every trainer rank of the mesh (TP, CP and PP ranks included) runs its own
 Inside *each* worker:
 
 * every source is opened (its own :class:`~mdata.sources.ReaderCache`, so its own listing, open
-  Parquet readers and tokenizer per source): the ``S x R x W`` copies of file-access state that
-  DESIGN.md section 1 counts;
+  Parquet readers and tokenizer per source): ``S x R x W`` copies of file-access state (sources x
+  ranks x workers), where mdata opens each source only on the loader workers of its pool;
 * each source is read as an endless stream of chunks (the source's own ``chunk_rows``, the same
   :func:`~mdata.sources.load_chunk` and transform as mdata's loader tasks), the chunk order a
   seeded permutation per epoch, dealt round-robin to the ``R x W`` workers, rows shuffled within

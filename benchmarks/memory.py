@@ -12,8 +12,8 @@ among them. Both choices lower the baseline's number.
 Planner, and the nannies), every Dask worker process (loader pools and the constructor), and the
 trainer-side Loader buffers (prefetch depth x the bytes of one rank's batch, for every rank),
 delivering the same steps to the same ``R`` ranks (mesh ``dp = R / cp``, ``cp`` ranks per DP group).
-Loader pools: ``L`` workers, the sources dealt round-robin over them (cheap sources share a pool,
-DESIGN.md section 6).
+Loader pools: ``L`` workers, the sources dealt round-robin over them (several cheap sources share
+one pool rather than each holding workers of its own).
 
 Many sources come from :func:`benchmarks.workload.many_sources`: each source reads one shard file
 of the example corpus, so several sources share underlying files (each still has its own reader,
