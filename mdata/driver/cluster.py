@@ -47,7 +47,7 @@ class PoolSpec:
     @property
     def resources(self) -> dict[str, int]:
         # A worker runs at most `amount` tasks of a resource at once: give each pool resource
-        # the worker's thread count so its threads all load (DESIGN.md section 9).
+        # the worker's thread count so its threads all load (one task per thread, not one per worker).
         return {f"pool_{source}": self.threads for source in self.sources}
 
 
