@@ -39,7 +39,7 @@ def test_cpu_tensors_share_memory_with_the_batch_arrays():
     assert out["seq_lens"] == [7, 2] and out["max_seqlens"] == [4, 2]
     assert out["sample_ids"].tolist() == [[2, 0, 0], [2, 0, 2], [2, 0, 1]]
     assert out["tokens_per_source"] == {"web": 9}
-    assert batch.to_torch()["micro_batches"][1]["labels"].tolist() == [6, -100]
+    assert batch_to_torch(batch)["micro_batches"][1]["labels"].tolist() == [6, -100]
 
 
 def test_bfloat16_fields_match_torch_bit_for_bit():
