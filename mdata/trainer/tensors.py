@@ -1,7 +1,8 @@
 """Trainer side: a received :class:`~mdata.batch.Batch` becomes torch tensors.
 
 This is the only mdata module that imports torch; loader and constructor workers never load it
-(DESIGN.md 9: torch costs ~180 MB per process), so batches stay numpy until they reach a trainer.
+(torch costs ~180 MB per process, see docs/dev/architecture.md), so batches stay numpy until they
+reach a trainer.
 
 * **CPU** (``device=None`` or ``"cpu"``): ``torch.from_numpy`` over the received buffers, no copy.
   bfloat16 fields arrive as raw ``uint16`` bits and are reinterpreted (``.view(torch.bfloat16)``),
@@ -11,7 +12,9 @@ This is the only mdata module that imports torch; loader and constructor workers
   a :class:`PinnedBufferPool` (one host memcpy; the socket buffers are not pinned), then issues
   ``.to(device, non_blocking=True)`` on a side :class:`torch.cuda.Stream` and records an event.
   The consumer's stream waits on that event, so the copy overlaps the previous step's compute; a
-  pinned buffer goes back to the pool only once its copy event has completed.
+  pinned buffer goes back to the pool only once its copy event has completed. ``sample_ids`` stay
+  on the host (they are for accounting, not kernels), so a landed micro-batch mixes CPU and CUDA
+  tensors; only the CUDA ones are recorded on the consumer's stream (:func:`stream_tensors`).
 
 Pinned memory needs CUDA (``pin_memory()`` raises on CPU-only builds), so pinning is gated on
 ``torch.cuda.is_available()`` and asking for it without CUDA is a clear :class:`TrainerError`.
@@ -36,6 +39,7 @@ __all__ = [
     "PinnedBufferPool",
     "BatchLander",
     "LandedBatch",
+    "stream_tensors",
 ]
 
 #: torch dtypes of the raw-bits fields (see mdata.batch.RAW_DTYPES).
@@ -204,6 +208,15 @@ class PinnedBufferPool:
         return buffer, view
 
 
+def stream_tensors(micro_batches: list[dict[str, torch.Tensor]]) -> list[torch.Tensor]:
+    """The tensors of landed micro-batches that live on a CUDA device, in order.
+
+    Only these may be recorded on a stream (``Tensor.record_stream`` is a CUDA-only op; calling it
+    on the host-side ``sample_ids`` raises), and only these are read by the consumer's kernels.
+    """
+    return [tensor for mb in micro_batches for tensor in mb.values() if tensor.is_cuda]
+
+
 class LandedBatch:
     """Tensors of one batch whose host-to-device copies were issued on a side stream."""
 
@@ -212,9 +225,8 @@ class LandedBatch:
         self.event = event
         self.device = device
 
-    def _tensors(self):
-        for mb in self._envelope["micro_batches"]:
-            yield from mb.values()
+    def _tensors(self) -> list[torch.Tensor]:
+        return stream_tensors(self._envelope["micro_batches"])
 
     def wait(self, stream: Any = None) -> dict[str, Any]:
         """Make ``stream`` (default: the current one) wait for the copies; no host sync.

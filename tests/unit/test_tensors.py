@@ -13,7 +13,13 @@ import mdata.wire.frames  # noqa: F401  registers the wire format
 from mdata.batch import Batch, MicroBatch, TensorField, build_dp_batch
 from mdata.errors import TrainerError
 from mdata.sources.chunk import SampleChunk
-from mdata.trainer.tensors import BatchLander, PinnedBufferPool, batch_to_torch, field_to_tensor
+from mdata.trainer.tensors import (
+    BatchLander,
+    PinnedBufferPool,
+    batch_to_torch,
+    field_to_tensor,
+    stream_tensors,
+)
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only build")
@@ -122,6 +128,32 @@ def test_pool_stages_fields_with_their_dtype_and_bounds_its_cache():
     assert pool.cached_bytes == 8192
     pool.release(pool.acquire(2**20))  # over the cache bound: dropped, not kept
     assert pool.cached_bytes == 8192 and pool.allocations == 3
+
+
+def test_only_device_tensors_are_recorded_on_the_consumer_stream():
+    """A landed micro-batch keeps ``sample_ids`` on the host; record_stream is CUDA-only, so the
+    landing path must select the CUDA tensors and leave the host ones alone."""
+    host = batch_to_torch(small_dp_batch(cp=2).for_rank(0))["micro_batches"]
+    assert all(not t.is_cuda for mb in host for t in mb.values())
+    assert stream_tensors(host) == []
+    meta = [{"input_ids": torch.empty(4, device="meta"), "sample_ids": mb["sample_ids"]}
+            for mb in host]
+    assert stream_tensors(meta) == []  # not CUDA either: never recorded
+    if torch.cuda.is_available():
+        mixed = [{**mb, "input_ids": mb["input_ids"].cuda()} for mb in host]
+        picked = stream_tensors(mixed)
+        assert [t.data_ptr() for t in picked] == [mb["input_ids"].data_ptr() for mb in mixed]
+
+
+@cuda
+def test_lander_keeps_sample_ids_on_the_host_and_lands_everything_else():
+    batch = small_dp_batch(cp=2).for_rank(1)
+    for out in (BatchLander("cuda").submit(batch).wait(), batch_to_torch(batch, device="cuda")):
+        torch.cuda.current_stream().synchronize()
+        for mb, got in zip(batch.micro_batches, out["micro_batches"]):
+            assert got["sample_ids"].device.type == "cpu"
+            assert got["sample_ids"].tolist() == mb.sample_ids.tolist()
+            assert all(got[name].is_cuda for name in mb.names)
 
 
 @cuda
