@@ -17,6 +17,7 @@ from mdata.trainer.tensors import (
     BatchLander,
     PinnedBufferPool,
     batch_to_torch,
+    default_lander,
     field_to_tensor,
     stream_tensors,
 )
@@ -84,6 +85,14 @@ def test_middle_pipeline_stage_gets_only_metadata_tensors():
     mb = batch_to_torch(batch)["micro_batches"][0]
     assert sorted(mb) == ["cu_seqlens", "cu_seqlens_global", "sample_ids", "seqlens"]
     assert mb["cu_seqlens"].tolist() == [0, 2, 4] and mb["cu_seqlens_global"].tolist() == [0, 4, 8]
+
+
+@no_cuda
+def test_no_lander_without_cuda():
+    with pytest.raises(TrainerError, match="default_lander needs a CUDA device, got 'cpu'"):
+        default_lander("cpu")
+    with pytest.raises(TrainerError, match=r"default_lander\('cuda'\) needs CUDA"):
+        default_lander("cuda")
 
 
 @no_cuda
@@ -171,6 +180,18 @@ def test_lander_copies_on_a_side_stream_and_recycles_buffers_after_the_event():
     allocations = lander.pool.allocations
     lander.submit(batch).synchronize()
     assert lander.pool.allocations == allocations and lander.pool.reuses > 0
+
+
+@cuda
+def test_the_default_lander_counts_the_bytes_it_lands():
+    batch = small_dp_batch(cp=2).for_rank(0)
+    lander = default_lander("cuda")
+    before = lander.copy_stats()
+    batch_to_torch(batch, device="cuda")
+    after = lander.copy_stats()
+    assert after["bytes"] - before["bytes"] == sum(
+        v.nbytes for mb in batch.micro_batches for v in mb.fields.values())
+    assert after["seconds"] > before["seconds"] and after["gb_per_s"] > 0
 
 
 @cuda
