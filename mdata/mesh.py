@@ -28,6 +28,7 @@ __all__ = [
     "AXES",
     "BroadcastAxis",
     "ClientPlaceTree",
+    "Delivery",
     "MeshCoordinate",
     "MeshCoordinates",
     "RankRole",
@@ -38,7 +39,8 @@ AXES: tuple[str, ...] = ("dp", "pp", "cp", "tp")
 
 #: Where the trainer broadcasts on the GPU instead of receiving from the constructor:
 #: ``"tp"`` (only TP rank 0 of each group receives), ``"cp"`` (only CP rank 0 receives whole
-#: sequences and scatters), or ``None`` (every rank receives its own copy).
+#: sequences and broadcasts them; each CP rank cuts its slice), or ``None`` (every rank receives
+#: its own copy). Pipeline stages need different fields, so ``"pp"`` is no broadcast axis.
 BroadcastAxis = Literal["tp", "cp"] | None
 
 _BROADCAST_AXES = ("tp", "cp")
@@ -60,6 +62,19 @@ class MeshCoordinates(NamedTuple):
     pp: np.ndarray
     cp: np.ndarray
     tp: np.ndarray
+
+
+class Delivery(NamedTuple):
+    """What the constructor sends one receiving rank each step: the arguments of
+    :meth:`mdata.batch.DPBatch.for_rank`.
+
+    ``cp_rank`` is the zigzag slice to send, or ``None`` for the whole unsplit sequence (the
+    receiver under ``broadcast_at("cp")`` gets its whole CP group's data).
+    """
+
+    cp_rank: int | None
+    receives_tokens: bool
+    receives_labels: bool
 
 
 @dataclass(frozen=True)
@@ -117,6 +132,22 @@ class RankRole:
         if axis is None:
             return True
         return getattr(self.coordinate, axis) == 0
+
+    def delivery(self, axis: BroadcastAxis) -> Delivery | None:
+        """What this rank receives from the constructor under ``broadcast_at(axis)``; ``None``
+        when it receives nothing (it gets the batch by broadcast on the GPU).
+
+        A receiver gets everything the ranks it broadcasts to need: under ``"tp"`` its TP group
+        needs one identical copy (its own CP slice, its stage's fields); under ``"cp"`` its CP group
+        needs every slice, so it gets the whole sequence (``cp_rank=None``).
+        """
+        if not self.is_broadcast_source(axis):
+            return None
+        return Delivery(
+            cp_rank=None if axis == "cp" else self.cp_rank,
+            receives_tokens=self.receives_tokens,
+            receives_labels=self.receives_labels,
+        )
 
 
 def _check_broadcast_axis(axis: object) -> None:
@@ -315,6 +346,23 @@ class ClientPlaceTree:
         cp = np.arange(1 if broadcast_at == "cp" else self.cp)
         tp = np.arange(1 if broadcast_at == "tp" else self.tp)
         return self._group_ranks(dp_rank, np.arange(self.pp), cp, tp)
+
+    def delivery(self, rank: int, broadcast_at: BroadcastAxis = None) -> Delivery | None:
+        """What ``rank`` receives from the constructor (see :meth:`RankRole.delivery`)."""
+        return self.role(rank).delivery(broadcast_at)
+
+    def broadcast_source(self, rank: int, broadcast_at: BroadcastAxis = None) -> int | None:
+        """The rank that ``rank`` receives its batch from over the GPU interconnect, or ``None``
+        when it receives from the constructor itself.
+
+        That is rank 0 along the broadcast axis with ``rank``'s other coordinates: the receiver of
+        its TP group (``"tp"``) or of its CP group (``"cp"``).
+        """
+        _check_broadcast_axis(broadcast_at)
+        coord = self.coordinate(rank)
+        if broadcast_at is None or getattr(coord, broadcast_at) == 0:
+            return None
+        return self.rank(coord._replace(**{broadcast_at: 0}))
 
     def describe(self) -> str:
         return (

@@ -122,10 +122,13 @@ def construct_task(spec: dict[str, Any]) -> DPBatch:
 
 
 def make_get_batch_handler(worker):
-    """Build the worker handler that serves one trainer rank its slice of a finished batch."""
+    """Build the worker handler that serves one trainer rank its slice of a finished batch
+    (``cp_rank=None``: the whole sequence, for the receiver under ``broadcast_at("cp")``)."""
     from distributed.protocol import to_serialize
 
-    def get_batch_handler(key, cp_rank: int, receives_tokens: bool, receives_labels: bool) -> dict:
+    def get_batch_handler(
+        key, cp_rank: int | None, receives_tokens: bool, receives_labels: bool
+    ) -> dict:
         key = as_key(key)
         try:
             dp_batch = worker.data[key]

@@ -121,6 +121,7 @@ class Loader:
         self.client, self._owns_client = _connect(cluster, self.timeout, security)
         self.info: dict | None = None
         self.broadcast_source: int | None = None
+        self._delivery = None  # what the constructor sends this rank (mdata.mesh.Delivery)
         self._restore: dict | None = checkpoint
         self._next_step = 0
         self._consumed_checkpoint: dict | None = checkpoint
@@ -144,14 +145,11 @@ class Loader:
 
             m = info["mesh"]
             mesh = ClientPlaceTree(dp=m["dp"], pp=m["pp"], cp=m["cp"], tp=m["tp"], order=m["order"])
-            receivers = mesh.receivers(mesh.coordinate(self.rank).dp, info.get("broadcast"))
-            # Under broadcast_at(axis) only the axis' first rank receives; the others get the batch
-            # from it over the GPU interconnect, so this Loader yields only who to receive from.
-            self.broadcast_source = None if self.rank in receivers else min(
-                r for r in receivers
-                if all(getattr(mesh.coordinate(r), a) == getattr(mesh.coordinate(self.rank), a)
-                       for a in ("dp", "pp", "cp", "tp") if a != info.get("broadcast"))
-            )
+            # Under broadcast_at(axis) only the axis' first rank receives, and it receives all its
+            # group needs (the whole sequence for "cp"); the others get the batch from it over the
+            # GPU interconnect, so this Loader yields only who to receive from.
+            self.broadcast_source = mesh.broadcast_source(self.rank, info.get("broadcast"))
+            self._delivery = mesh.delivery(self.rank, info.get("broadcast"))
         return self.info
 
     def _wait_for_job(self, job: str) -> dict:
@@ -263,9 +261,9 @@ class Loader:
                 try:
                     reply = await self.client.rpc(address).mdata_get_batch(
                         key=location["key"],
-                        cp_rank=location["cp_rank"],
-                        receives_tokens=location["receives_tokens"],
-                        receives_labels=location["receives_labels"],
+                        cp_rank=self._delivery.cp_rank,
+                        receives_tokens=self._delivery.receives_tokens,
+                        receives_labels=self._delivery.receives_labels,
                     )
                 except OSError as exc:
                     last_error = exc

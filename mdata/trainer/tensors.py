@@ -1,7 +1,8 @@
 """Trainer side: a received :class:`~mdata.batch.Batch` becomes torch tensors.
 
 This is the only mdata module that imports torch; loader and constructor workers never load it
-(DESIGN.md 9: torch costs ~180 MB per process), so batches stay numpy until they reach a trainer.
+(torch costs ~180 MB per process, see docs/dev/architecture.md), so batches stay numpy until they
+reach a trainer.
 
 * **CPU** (``device=None`` or ``"cpu"``): ``torch.from_numpy`` over the received buffers, no copy.
   bfloat16 fields arrive as raw ``uint16`` bits and are reinterpreted (``.view(torch.bfloat16)``),
@@ -11,7 +12,9 @@ This is the only mdata module that imports torch; loader and constructor workers
   a :class:`PinnedBufferPool` (one host memcpy; the socket buffers are not pinned), then issues
   ``.to(device, non_blocking=True)`` on a side :class:`torch.cuda.Stream` and records an event.
   The consumer's stream waits on that event, so the copy overlaps the previous step's compute; a
-  pinned buffer goes back to the pool only once its copy event has completed.
+  pinned buffer goes back to the pool only once its copy event has completed. ``sample_ids`` stay
+  on the host (they are for accounting, not kernels), so a landed micro-batch mixes CPU and CUDA
+  tensors; only the CUDA ones are recorded on the consumer's stream (:func:`stream_tensors`).
 
 Pinned memory needs CUDA (``pin_memory()`` raises on CPU-only builds), so pinning is gated on
 ``torch.cuda.is_available()`` and asking for it without CUDA is a clear :class:`TrainerError`.
@@ -36,6 +39,8 @@ __all__ = [
     "PinnedBufferPool",
     "BatchLander",
     "LandedBatch",
+    "stream_tensors",
+    "default_lander",
 ]
 
 #: torch dtypes of the raw-bits fields (see mdata.batch.RAW_DTYPES).
@@ -121,7 +126,7 @@ def batch_to_torch(batch: Batch, device: Any = None, pin: bool | None = None) ->
             for mb in batch.micro_batches
         ]
         return _envelope(batch, tensors)
-    return _default_lander(target).submit(batch).synchronize()
+    return default_lander(target).submit(batch).synchronize()
 
 
 class PinnedBufferPool:
@@ -204,6 +209,15 @@ class PinnedBufferPool:
         return buffer, view
 
 
+def stream_tensors(micro_batches: list[dict[str, torch.Tensor]]) -> list[torch.Tensor]:
+    """The tensors of landed micro-batches that live on a CUDA device, in order.
+
+    Only these may be recorded on a stream (``Tensor.record_stream`` is a CUDA-only op; calling it
+    on the host-side ``sample_ids`` raises), and only these are read by the consumer's kernels.
+    """
+    return [tensor for mb in micro_batches for tensor in mb.values() if tensor.is_cuda]
+
+
 class LandedBatch:
     """Tensors of one batch whose host-to-device copies were issued on a side stream."""
 
@@ -212,9 +226,8 @@ class LandedBatch:
         self.event = event
         self.device = device
 
-    def _tensors(self):
-        for mb in self._envelope["micro_batches"]:
-            yield from mb.values()
+    def _tensors(self) -> list[torch.Tensor]:
+        return stream_tensors(self._envelope["micro_batches"])
 
     def wait(self, stream: Any = None) -> dict[str, Any]:
         """Make ``stream`` (default: the current one) wait for the copies; no host sync.
@@ -243,7 +256,8 @@ class BatchLander:
 
     ``submit(batch)`` returns at once with a :class:`LandedBatch`; call ``.wait()`` on the stream
     that consumes it (typically right before the step that uses it), so the copy of step s+1
-    overlaps the compute of step s.
+    overlaps the compute of step s. :meth:`copy_stats` reports the bytes landed and the side
+    stream's time spent landing them (CUDA events around each batch's copies).
     """
 
     def __init__(self, device: Any, *, pool: PinnedBufferPool | None = None, stream: Any = None):
@@ -255,23 +269,60 @@ class BatchLander:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.pool = pool if pool is not None else PinnedBufferPool(pin=True)
         self.stream = stream if stream is not None else torch.cuda.Stream(self.device)
+        self._timing_lock = threading.Lock()
+        self._timed: list[tuple[Any, Any, int]] = []  # (start event, end event, bytes) in flight
+        self.landed_bytes = 0
+        self.landing_seconds = 0.0
+
+    def _settle(self, wait: bool) -> None:
+        """Fold the timings of finished landings into the totals (all of them with ``wait``)."""
+        with self._timing_lock:
+            still = []
+            for start, end, nbytes in self._timed:
+                if wait:
+                    end.synchronize()
+                elif not end.query():
+                    still.append((start, end, nbytes))
+                    continue
+                self.landed_bytes += nbytes
+                self.landing_seconds += start.elapsed_time(end) / 1000.0
+            self._timed = still
+
+    def copy_stats(self) -> dict[str, float]:
+        """``{"bytes", "seconds", "gb_per_s"}`` of every batch landed so far (waits for the copies
+        in flight). The seconds are side-stream time from a batch's first copy to its last, host
+        staging into pinned buffers included: the host-to-device rate a trainer actually gets."""
+        self._settle(wait=True)
+        seconds = self.landing_seconds
+        return {
+            "bytes": float(self.landed_bytes),
+            "seconds": seconds,
+            "gb_per_s": self.landed_bytes / seconds / 1e9 if seconds > 0 else 0.0,
+        }
 
     def submit(self, batch: Batch) -> LandedBatch:
         staged: list[torch.Tensor] = []
         micro_batches = []
+        nbytes = 0
         with torch.cuda.stream(self.stream):
+            start = torch.cuda.Event(enable_timing=True)
+            start.record(self.stream)
             for mb in batch.micro_batches:
                 out = {}
                 for name, value in mb.fields.items():
                     buffer, host = self.pool.stage(value)
                     staged.append(buffer)
                     out[name] = host.to(self.device, non_blocking=True)
+                    nbytes += host.numel() * host.element_size()
                 out["sample_ids"] = field_to_tensor(np.asarray(mb.sample_ids, dtype=np.int64))
                 micro_batches.append(out)
-            event = torch.cuda.Event()
+            event = torch.cuda.Event(enable_timing=True)
             event.record(self.stream)
         for buffer in staged:
             self.pool.release(buffer, after=event)
+        with self._timing_lock:
+            self._timed.append((start, event, nbytes))
+        self._settle(wait=False)
         return LandedBatch(_envelope(batch, micro_batches), event, self.device)
 
 
@@ -279,7 +330,13 @@ _landers: dict[torch.device, BatchLander] = {}
 _landers_lock = threading.Lock()
 
 
-def _default_lander(device: torch.device) -> BatchLander:
+def default_lander(device: Any) -> BatchLander:
+    """The process-wide lander of ``device`` (what ``batch_to_torch`` and the Loader use), e.g.
+    to read its :meth:`BatchLander.copy_stats`."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise TrainerError(f"default_lander needs a CUDA device, got {str(device)!r}")
+    _require_cuda(f"default_lander({str(device)!r})")
     if device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     with _landers_lock:

@@ -109,7 +109,7 @@ def _serialize(batch: Batch | DPBatch) -> tuple[dict[str, Any], list[memoryview]
         "micro_batches": _encode_micro_batches(batch.micro_batches, frames, limit),
     }
     if isinstance(batch, Batch):
-        header["cp_rank"] = int(batch.cp_rank)
+        header["cp_rank"] = None if batch.cp_rank is None else int(batch.cp_rank)
         header["receives_tokens"] = bool(batch.receives_tokens)
         header["receives_labels"] = bool(batch.receives_labels)
     return header, frames

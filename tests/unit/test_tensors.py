@@ -13,7 +13,14 @@ import mdata.wire.frames  # noqa: F401  registers the wire format
 from mdata.batch import Batch, MicroBatch, TensorField, build_dp_batch
 from mdata.errors import TrainerError
 from mdata.sources.chunk import SampleChunk
-from mdata.trainer.tensors import BatchLander, PinnedBufferPool, batch_to_torch, field_to_tensor
+from mdata.trainer.tensors import (
+    BatchLander,
+    PinnedBufferPool,
+    batch_to_torch,
+    default_lander,
+    field_to_tensor,
+    stream_tensors,
+)
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only build")
@@ -39,7 +46,7 @@ def test_cpu_tensors_share_memory_with_the_batch_arrays():
     assert out["seq_lens"] == [7, 2] and out["max_seqlens"] == [4, 2]
     assert out["sample_ids"].tolist() == [[2, 0, 0], [2, 0, 2], [2, 0, 1]]
     assert out["tokens_per_source"] == {"web": 9}
-    assert batch.to_torch()["micro_batches"][1]["labels"].tolist() == [6, -100]
+    assert batch_to_torch(batch)["micro_batches"][1]["labels"].tolist() == [6, -100]
 
 
 def test_bfloat16_fields_match_torch_bit_for_bit():
@@ -78,6 +85,14 @@ def test_middle_pipeline_stage_gets_only_metadata_tensors():
     mb = batch_to_torch(batch)["micro_batches"][0]
     assert sorted(mb) == ["cu_seqlens", "cu_seqlens_global", "sample_ids", "seqlens"]
     assert mb["cu_seqlens"].tolist() == [0, 2, 4] and mb["cu_seqlens_global"].tolist() == [0, 4, 8]
+
+
+@no_cuda
+def test_no_lander_without_cuda():
+    with pytest.raises(TrainerError, match="default_lander needs a CUDA device, got 'cpu'"):
+        default_lander("cpu")
+    with pytest.raises(TrainerError, match=r"default_lander\('cuda'\) needs CUDA"):
+        default_lander("cuda")
 
 
 @no_cuda
@@ -124,6 +139,32 @@ def test_pool_stages_fields_with_their_dtype_and_bounds_its_cache():
     assert pool.cached_bytes == 8192 and pool.allocations == 3
 
 
+def test_only_device_tensors_are_recorded_on_the_consumer_stream():
+    """A landed micro-batch keeps ``sample_ids`` on the host; record_stream is CUDA-only, so the
+    landing path must select the CUDA tensors and leave the host ones alone."""
+    host = batch_to_torch(small_dp_batch(cp=2).for_rank(0))["micro_batches"]
+    assert all(not t.is_cuda for mb in host for t in mb.values())
+    assert stream_tensors(host) == []
+    meta = [{"input_ids": torch.empty(4, device="meta"), "sample_ids": mb["sample_ids"]}
+            for mb in host]
+    assert stream_tensors(meta) == []  # not CUDA either: never recorded
+    if torch.cuda.is_available():
+        mixed = [{**mb, "input_ids": mb["input_ids"].cuda()} for mb in host]
+        picked = stream_tensors(mixed)
+        assert [t.data_ptr() for t in picked] == [mb["input_ids"].data_ptr() for mb in mixed]
+
+
+@cuda
+def test_lander_keeps_sample_ids_on_the_host_and_lands_everything_else():
+    batch = small_dp_batch(cp=2).for_rank(1)
+    for out in (BatchLander("cuda").submit(batch).wait(), batch_to_torch(batch, device="cuda")):
+        torch.cuda.current_stream().synchronize()
+        for mb, got in zip(batch.micro_batches, out["micro_batches"]):
+            assert got["sample_ids"].device.type == "cpu"
+            assert got["sample_ids"].tolist() == mb.sample_ids.tolist()
+            assert all(got[name].is_cuda for name in mb.names)
+
+
 @cuda
 def test_lander_copies_on_a_side_stream_and_recycles_buffers_after_the_event():
     batch = small_dp_batch(cp=2).for_rank(0)
@@ -139,6 +180,18 @@ def test_lander_copies_on_a_side_stream_and_recycles_buffers_after_the_event():
     allocations = lander.pool.allocations
     lander.submit(batch).synchronize()
     assert lander.pool.allocations == allocations and lander.pool.reuses > 0
+
+
+@cuda
+def test_the_default_lander_counts_the_bytes_it_lands():
+    batch = small_dp_batch(cp=2).for_rank(0)
+    lander = default_lander("cuda")
+    before = lander.copy_stats()
+    batch_to_torch(batch, device="cuda")
+    after = lander.copy_stats()
+    assert after["bytes"] - before["bytes"] == sum(
+        v.nbytes for mb in batch.micro_batches for v in mb.fields.values())
+    assert after["seconds"] > before["seconds"] and after["gb_per_s"] > 0
 
 
 @cuda
