@@ -6,7 +6,7 @@ Modules, in the order a step goes through them:
 * :mod:`~mdata.planner.state`: :class:`PlannerState`, which dispatches events and composes
 * :mod:`~mdata.planner.apportion` (per-source counts and provisional samples of each step),
   :mod:`~mdata.planner.chunk_table` (chunk requests, references, window holds, cost features),
-  :mod:`~mdata.planner.select` (final samples after skipped rows) and
+  :mod:`~mdata.planner.selection` (final samples after skipped rows) and
   :mod:`~mdata.planner.assign` (pricing and balancing over DP ranks);
 * :mod:`~mdata.planner.simulate`: the same state machine run on sample metadata, no cluster.
 """

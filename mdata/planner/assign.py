@@ -19,7 +19,7 @@ from mdata.lineage import DGraph
 from mdata.order import ChunkRef
 from mdata.plan import Plan
 from mdata.planner.instructions import ConstructBatch, StepSamples, StepSummary
-from mdata.planner.select import Selection
+from mdata.planner.selection import Selection
 
 __all__ = ["StepAssigner"]
 

@@ -14,7 +14,7 @@ Life of a step ``s`` (each stage is one collaborator, called from here in this o
    provisional samples; the :class:`~mdata.planner.chunk_table.ChunkTable` requests the chunks
    they live in (backpressure: nothing is loaded further ahead than the window).
 2. **Balanced** once every chunk it needs is loaded, strictly in step order:
-   :func:`~mdata.planner.select.select_samples` passes over rows the loaders skipped, and
+   :func:`~mdata.planner.selection.select_samples` passes over rows the loaders skipped, and
    :class:`~mdata.planner.assign.StepAssigner` prices the rest and assigns them to DP ranks and
    micro-batches. Out come one ``ConstructBatch`` per DP rank and a ``StepReady`` summary; if
    skips moved the cursors, later steps take their samples again (re-provisioning).
@@ -50,7 +50,7 @@ from mdata.planner.events import (
     RanksConsumed, Tick, WorkerLost,
 )
 from mdata.planner.instructions import Instruction, JobFailed, PoolTarget, ReleaseBatch, StepReady
-from mdata.planner.select import select_samples
+from mdata.planner.selection import select_samples
 from mdata.pool_demand import PoolSizer
 
 __all__ = ["PlannerState"]
