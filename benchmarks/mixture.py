@@ -4,7 +4,7 @@ and how unevenly each system's step is spread over the DP ranks, on the same glo
 Three systems draw the same global batch (``GLOBAL_BATCH`` samples per step over ``DP`` ranks)
 from the example corpus's five sources with the same weights and seed:
 
-* **mdata** — ``Plan.simulate``: the Planner's own state machine (exact per-step apportionment
+* **mdata** — ``mdata.planner.simulate``: the Planner's own state machine (exact per-step apportionment
   with carry, global balancing) on the real per-row token counts of the corpus
   (``benchmarks/workload.py``).
 * **baseline** — the per-rank DataLoader of ``benchmarks/baseline.py``: each rank's step comes
@@ -38,6 +38,7 @@ from mdata.cost import AttentionCost
 from mdata.data.example import example_sources
 from mdata.mesh import ClientPlaceTree
 from mdata.plan import Plan
+from mdata.planner import simulate
 from mdata.sources import ReaderCache, SampleChunk, Source
 
 __all__ = ["WEIGHTS", "run", "realised_counts"]
@@ -127,7 +128,7 @@ def _mdata(sources, weights, steps, profile, cost):
             .cost(cost)
             .balance(micro_batches=MICRO_BATCHES, max_tokens=MAX_TOKENS, global_batch=GLOBAL_BATCH)
             .distribute(ClientPlaceTree(dp=DP)).seed(SEED))
-    sim = plan.simulate(steps, profile.metadata())
+    sim = simulate(plan, steps, profile.metadata())
     return sim.counts, sim.max_over_lower_bound
 
 

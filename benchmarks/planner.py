@@ -28,7 +28,7 @@ from mdata.cost import AttentionCost
 from mdata.mesh import ClientPlaceTree
 from mdata.metadata import SourceMetadata
 from mdata.plan import Plan
-from mdata.planner_state import (
+from mdata.planner import (
     BatchConsumed, ChunkLoaded, LoadChunk, PlannerState, RanksConsumed, StepReady, Tick,
 )
 

@@ -57,7 +57,7 @@ class CorpusProfile:
         return {n: np.concatenate(self.num_tokens[n]).astype(np.int64) for n in self.names}
 
     def metadata(self) -> dict[str, SourceMetadata]:
-        """Source name -> :class:`SourceMetadata` for ``Plan.simulate`` (the Planner's own path)."""
+        """Source name -> :class:`SourceMetadata` for ``mdata.planner.simulate`` (the Planner)."""
         return {n: SourceMetadata(n, self.num_tokens[n], self.num_patches[n]) for n in self.names}
 
 

@@ -1,4 +1,4 @@
-"""Per-sample cost features of a source, without its payload: what ``Plan.simulate`` runs on.
+"""Per-sample cost features of a source without its payload, for ``mdata.planner.simulate``.
 
 Balancing needs only each sample's token and patch counts, so a source can be explored in a
 notebook from its metadata alone: a few bytes per sample instead of the text and images. Metadata

@@ -1,6 +1,6 @@
 """Counters behind the Planner's dashboard: per-source load throughput and backlog, trainer waits.
 
-The Planner's decisions live in :mod:`mdata.planner_state`; these meters only *watch* what the
+The Planner's decisions live in :mod:`mdata.planner`; these meters only *watch* what the
 runtime does so that an operator can see it: how many samples each source delivers per second, how
 many load tasks are still outstanding (a growing backlog means the pool is too small), how long
 each trainer rank waited for its batch at each step and how many steps it consumed. They are pure

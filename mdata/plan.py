@@ -15,8 +15,9 @@ plan = (
 A Plan is an immutable value: every call returns a new Plan, so a notebook can branch variants
 of one plan and compare their simulations. Each call validates its argument (and its combination
 with what is already set) and raises :class:`~mdata.errors.PlanError` saying what to change.
-``plan.simulate(steps, metadata)`` runs the Planner's own state machine on sample metadata, so what
-a notebook shows is what the cluster will do.
+``mdata.planner.simulate(plan, steps, metadata)`` runs the Planner's own state machine on sample
+metadata, so what a notebook shows is what the cluster will do. (The plan is a value: it names no
+consumer of itself, so the planner may import it without a cycle.)
 """
 
 from __future__ import annotations
@@ -26,15 +27,12 @@ import html
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from mdata.cost import AttentionCost
 from mdata.errors import PlanError
 from mdata.mesh import BroadcastAxis, ClientPlaceTree, _check_broadcast_axis
 from mdata.mixing import MixtureSchedule, as_schedule
-
-if TYPE_CHECKING:  # pragma: no cover
-    from mdata.simulate import SimulationResult
 
 __all__ = ["Plan", "BalanceSpec", "DEFAULT_CHUNK_ROWS"]
 
@@ -247,9 +245,9 @@ class Plan:
     def validate_for_delivery(self) -> "Plan":
         """Raise PlanError unless constructors can build this plan's batches; returns self.
 
-        Planning (and :meth:`simulate`) only needs the mixture and the batch shape; building
-        batches also needs the token id that stands for image patches when a source yields
-        images. The runtime calls this when a job is submitted, so the error comes before any
+        Planning (and :func:`mdata.planner.simulate`) only needs the mixture and the batch
+        shape; building batches also needs the token id that stands for image patches when a
+        source yields images. The runtime calls this when a job is submitted, so the error comes before any
         trainer waits.
         """
         self.validate()
@@ -293,17 +291,7 @@ class Plan:
         text = json.dumps(self.config(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
-    # -- exploration ---------------------------------------------------------------------------
-    def simulate(self, steps: int, metadata: Any, **kwargs: Any) -> "SimulationResult":
-        """Run the Planner's state machine for ``steps`` steps on sample metadata.
-
-        ``metadata``: ``{source: SourceMetadata}`` or a sequence of them. See
-        :func:`mdata.simulate.simulate` for the keyword arguments.
-        """
-        from mdata.simulate import simulate
-
-        return simulate(self, steps, metadata, **kwargs)
-
+    # -- display -------------------------------------------------------------------------------
     def __repr__(self) -> str:
         return f"Plan(sources={list(self._cfg.names)}, fingerprint={self.fingerprint()})"
 

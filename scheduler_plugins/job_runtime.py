@@ -1,7 +1,7 @@
 """One job's adapter between the pure Planner state machine and Dask.
 
 The decisions (what to load, how to balance, what to release, how big each pool should be) are made
-by :class:`mdata.planner_state.PlannerState`, a pure state machine. This module only turns its
+by :class:`mdata.planner.PlannerState`, a pure state machine. This module only turns its
 instructions into Dask actions (submit a load task restricted to a pool, submit a construct task
 on a constructor, drop futures) and turns Dask outcomes (a chunk's summary arrived, a task failed, a
 worker left, a trainer acknowledged a step) back into events. Planning runs in a thread so the
@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from mdata import planner_state as ps
+from mdata import planner as ps
 from mdata.observe import SourceMeter, TrainerMeter
 from workers.constructor import construct_task
 from workers.loader import chunk_summary_task, load_chunk_task
@@ -146,7 +146,7 @@ class JobRuntime:
             summary = await meta
         except Exception as exc:  # the load task raised: a typed SourceError naming the shard/row
             self.source_meter.failed(chunk.source, rows=chunk.stop - chunk.start)
-            await self.handle(ps.ChunkFailed(chunk=chunk, error=str(exc), stimulus_id=f"failed-{chunk.key}"))
+            await self.handle(ps.ChunkFailed(chunk=chunk, error=exc, stimulus_id=f"failed-{chunk.key}"))
             return
         finally:
             meta.release()

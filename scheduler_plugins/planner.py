@@ -5,7 +5,7 @@ same). It registers named scheduler handlers (``mdata_*``) through which drivers
 trainers attach, ask where their next batch is, acknowledge consumption, report metrics and ask for
 checkpoints and sample stories. It installs mdata's worker plugin on every worker, and runs a
 periodic tick that keeps each job's window of steps in flight. The decisions themselves are made by
-the pure :mod:`mdata.planner_state`; :mod:`scheduler_plugins.job_runtime` executes them.
+the pure :mod:`mdata.planner`; :mod:`scheduler_plugins.job_runtime` executes them.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.protocol.pickle import dumps as pickle_dumps
 from tornado.ioloop import PeriodicCallback
 
-from mdata import planner_state as ps
+from mdata import planner as ps
 from mdata.checkpoint import Checkpoint
 from mdata.errors import MdataError, PlanError
 from mdata.ids import SampleId

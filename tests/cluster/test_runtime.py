@@ -18,6 +18,7 @@ from mdata.errors import MeshError, TrainerError
 from mdata.mesh import ClientPlaceTree
 from mdata.metadata import SourceMetadata
 from mdata.plan import Plan
+from mdata.planner import simulate
 from mdata.sources import load_chunk
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
@@ -156,7 +157,7 @@ def test_roles_tp_identical_pp_stages(client, example_sources_small):
 
 
 def test_per_rank_costs_and_mixture_equal_the_pure_simulation(client, example_sources_small):
-    """The cluster plans exactly what Plan.simulate plans for the same seed and data."""
+    """The cluster plans exactly what mdata.planner.simulate plans for the same seed and data."""
     mesh = ClientPlaceTree(dp=2)
     plan = make_plan(example_sources_small, mesh, global_batch=16, seed=7)
     submit_job(client, plan, job="sim")
@@ -171,7 +172,7 @@ def test_per_rank_costs_and_mixture_equal_the_pure_simulation(client, example_so
             for start in range(0, shard.num_rows, src.chunk_rows):
                 chunks.append(load_chunk(src, shard.index, start, min(start + src.chunk_rows, shard.num_rows)))
         metadata[src.name] = SourceMetadata.from_chunks(chunks)
-    sim = plan.simulate(steps, metadata)
+    sim = simulate(plan, steps, metadata)
     for step in range(steps):
         summary = live[str(step)]
         np.testing.assert_allclose(summary["per_rank_cost"], sim.per_rank_cost[step], rtol=1e-9)

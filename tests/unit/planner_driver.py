@@ -12,7 +12,7 @@ from collections.abc import Callable
 import numpy as np
 
 from mdata.metadata import SourceMetadata
-from mdata.planner_state import (
+from mdata.planner import (
     BatchConsumed, ChunkLoaded, ConstructBatch, JobFailed, LoadChunk, MetricsReported,
     PlannerState, RanksConsumed, StepReady, Tick,
 )

@@ -10,7 +10,7 @@ from mdata.checkpoint import FORMAT_VERSION, Checkpoint
 from mdata.errors import CheckpointError
 from mdata.mesh import ClientPlaceTree
 from mdata.plan import Plan
-from mdata.planner_state import PlannerState
+from mdata.planner import PlannerState
 
 from planner_driver import Driver, lognormal_metadata
 

@@ -14,6 +14,7 @@ from mdata.mesh import ClientPlaceTree
 from mdata.metadata import SourceMetadata
 from mdata.mixing import StagedMixture
 from mdata.plan import Plan
+from mdata.planner import simulate
 
 from planner_driver import lognormal_metadata
 
@@ -89,7 +90,7 @@ def test_repr_html_lists_sources_and_settings():
 
 
 def test_simulate_returns_per_step_tables():
-    res = base().simulate(12, META)
+    res = simulate(base(), 12, META)
     assert res.steps.tolist() == list(range(12))
     assert res.per_rank_cost.shape == (12, 4) and res.counts.shape == (12, 3)
     assert res.counts.sum(axis=1).tolist() == [60] * 12
@@ -104,8 +105,8 @@ def test_simulate_returns_per_step_tables():
 
 def test_simulate_matches_between_runs_and_follows_a_curriculum():
     plan = base().mix(StagedMixture([(0, {"web": 1}), (5, {"code": 1, "chat": 1})]))
-    a = plan.simulate(8, META, keep_samples=True)
-    b = plan.simulate(8, list(META.values()), keep_samples=True)
+    a = simulate(plan, 8, META, keep_samples=True)
+    b = simulate(plan, 8, list(META.values()), keep_samples=True)
     assert a.samples == b.samples
     assert a.counts[:5].tolist() == [[60, 0, 0]] * 5 and a.counts[5:].tolist() == [[0, 30, 30]] * 3
     ids = [i for step in a.samples.values() for rank in step for i in rank]
@@ -117,11 +118,11 @@ def test_simulate_counts_truncation_and_skips():
     meta = dict(META)
     meta["chat"] = SourceMetadata.from_arrays(
         "chat", [np.full(60, 20_000)], skipped=[np.arange(60) % 4 == 0])
-    res = base().mix({"chat": 1}).simulate(3, meta)
+    res = simulate(base().mix({"chat": 1}), 3, meta)
     assert res.truncated.tolist() == [60, 60, 60]
     assert res.skipped.sum() > 0
     with pytest.raises(PlanError, match=r"no metadata for sources \['chat'\]"):
-        base().simulate(2, {k: v for k, v in META.items() if k != "chat"})
+        simulate(base(), 2, {k: v for k, v in META.items() if k != "chat"})
 
 
 def test_a_plan_with_an_image_source_needs_an_image_token_id(tmp_path):

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mdata.errors import TrainerError
+from mdata.errors import CorruptShardError, MdataError, TrainerError
 from mdata.mesh import ClientPlaceTree
 from mdata.order import SourceOrder
 from mdata.plan import Plan
-from mdata.planner_state import (
+from mdata.planner import (
     BatchConsumed, ChunkFailed, ChunkLoaded, ConstructBatch, JobFailed, LoadChunk, PlannerState,
     PoolTarget, ReleaseBatch, ReleaseChunk, StepReady, Tick, WorkerLost,
 )
@@ -159,14 +159,34 @@ def test_truncation_is_counted():
 def test_chunk_failure_fails_the_job_naming_the_rows():
     _, state = tiny(window=1)
     (load,) = state.handle(Tick(stimulus_id="t0"))
-    (failed,) = state.handle(ChunkFailed(load.chunk, "CorruptShardError: bad footer",
-                                         stimulus_id="f"))
+    error = CorruptShardError("bad footer", source="a", shard="a-0.parquet")
+    (failed,) = state.handle(ChunkFailed(load.chunk, error, stimulus_id="f"))
     r = load.chunk
     assert failed == JobFailed(
-        f"loading source 'a', shard 0, rows {r.start}-{r.stop} failed: CorruptShardError: bad "
-        "footer. Fix or remove the shard, or raise the source's skip_tolerance if single samples "
-        "are bad", stimulus_id="f")
+        f"loading source 'a', shard 0, rows {r.start}-{r.stop} failed: source 'a', shard "
+        "'a-0.parquet': bad footer. Fix or remove the shard, or raise the source's skip_tolerance "
+        "if single samples are bad", error, stimulus_id="f")
+    assert failed.error is error and failed.error.shard == "a-0.parquet"  # the typed error, kept
     assert state.handle(loaded(load.chunk)) == []  # a failed job plans nothing more
+
+
+def test_an_untyped_load_failure_fails_the_job_without_a_typed_error():
+    _, state = tiny(window=1)
+    (load,) = state.handle(Tick(stimulus_id="t0"))
+    (failed,) = state.handle(ChunkFailed(load.chunk, OSError("connection reset"), stimulus_id="f"))
+    assert isinstance(failed, JobFailed) and failed.error is None
+    assert "failed: connection reset." in failed.reason
+
+
+def test_an_inconsistent_load_fails_the_job_with_its_typed_error():
+    _, state = tiny(window=1)
+    (load,) = state.handle(Tick(stimulus_id="t0"))
+    ref = load.chunk
+    bad = ChunkLoaded(ref, np.arange(ref.start, ref.stop), np.ones(1, np.int32), stimulus_id="l")
+    (failed,) = state.handle(bad)
+    assert isinstance(failed, JobFailed) and type(failed.error) is MdataError
+    assert failed.reason == f"step 0: {failed.error}" and "token counts" in failed.reason
+    assert state.failed == failed.reason
 
 
 def test_worker_lost_reloads_only_needed_chunks():
@@ -313,7 +333,7 @@ def test_acknowledgements_in_bulk_plan_exactly_what_one_event_per_rank_plans():
 
 
 def test_coalescing_acknowledgements_merges_by_step_and_group():
-    from mdata.planner_state import BatchDelivered, RanksConsumed, coalesce_acknowledgements
+    from mdata.planner import BatchDelivered, RanksConsumed, coalesce_acknowledgements
 
     events = [
         BatchDelivered(3, 0, (0,), stimulus_id="d0"), BatchConsumed(3, 0, stimulus_id="c0"),

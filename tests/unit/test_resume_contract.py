@@ -10,7 +10,7 @@ import pytest
 from mdata.mesh import ClientPlaceTree
 from mdata.mixing import MetricMixturePolicy, StagedMixture
 from mdata.plan import Plan
-from mdata.planner_state import PlannerState
+from mdata.planner import PlannerState
 
 from planner_driver import Driver, lognormal_metadata
 

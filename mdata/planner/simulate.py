@@ -1,4 +1,5 @@
-"""``Plan.simulate``: run the Planner's state machine on sample metadata, without a cluster.
+"""``simulate(plan, steps, metadata)``: run the Planner's state machine on sample metadata, without
+a cluster.
 
 The simulation is not a model of the Planner: it *is* the Planner (:class:`PlannerState`), fed by
 an in-memory loader that answers every :class:`LoadChunk` from :class:`SourceMetadata` and by
@@ -20,10 +21,9 @@ import numpy as np
 from mdata.errors import PlanError
 from mdata.metadata import SourceMetadata
 from mdata.plan import Plan
-from mdata.planner_state import (
-    BatchConsumed, ChunkLoaded, ConstructBatch, JobFailed, LoadChunk, MetricsReported,
-    PlannerState, StepReady, StepSummary, Tick,
-)
+from mdata.planner.events import BatchConsumed, ChunkLoaded, MetricsReported, Tick
+from mdata.planner.instructions import ConstructBatch, JobFailed, LoadChunk, StepReady, StepSummary
+from mdata.planner.state import PlannerState
 
 __all__ = ["SimulationResult", "simulate"]
 
@@ -137,7 +137,7 @@ def simulate(
     meta = _metadata_by_name(plan, metadata)
     state = PlannerState(plan, {n: meta[n] for n in plan.source_names}, job="simulate",
                          record_lineage=False)
-    receivers = sorted(r for group in state._receivers for r in group)
+    receivers = sorted(r for group in state.receivers for r in group)
     names = plan.source_names
     summaries: list[StepSummary] = []
     samples: dict[int, list[list[tuple[str, int, int]]]] | None = {} if keep_samples else None
@@ -166,7 +166,7 @@ def simulate(
             queue.extend(state.handle(*(BatchConsumed(s, r, stimulus_id=f"consumed-{s}")
                                         for r in receivers)))
         elif isinstance(ins, JobFailed):
-            raise PlanError(f"simulate: {ins.reason}")
+            raise PlanError(f"simulate: {ins.reason}") from ins.error
     return SimulationResult(
         names=names,
         global_batch=plan.balance_spec.global_batch,

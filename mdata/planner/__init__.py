@@ -1,0 +1,37 @@
+"""The Planner: a pure state machine that turns events into instructions (no I/O, no Dask).
+
+Modules, in the order a step goes through them:
+
+* :mod:`~mdata.planner.events` and :mod:`~mdata.planner.instructions`: the vocabulary;
+* :mod:`~mdata.planner.state`: :class:`PlannerState`, which dispatches events and composes
+* :mod:`~mdata.planner.apportion` (per-source counts and provisional samples of each step),
+  :mod:`~mdata.planner.chunk_table` (chunk requests, references, window holds, cost features),
+  :mod:`~mdata.planner.selection` (final samples after skipped rows) and
+  :mod:`~mdata.planner.assign` (pricing and balancing over DP ranks);
+* :mod:`~mdata.planner.simulate`: the same state machine run on sample metadata, no cluster.
+"""
+
+from mdata.planner.apportion import row_counts_of
+from mdata.planner.events import (
+    BatchConsumed, BatchDelivered, ChunkFailed, ChunkLoaded, MetricsReported, PlannerEvent,
+    RanksConsumed, Tick, WorkerLost, coalesce_acknowledgements,
+)
+from mdata.planner.instructions import (
+    ConstructBatch, Instruction, JobFailed, LoadChunk, PoolTarget, ReleaseBatch, ReleaseChunk,
+    StepReady, StepSamples, StepSummary,
+)
+from mdata.planner.simulate import SimulationResult, simulate
+from mdata.planner.state import PlannerState
+
+__all__ = [
+    # events
+    "PlannerEvent", "Tick", "ChunkLoaded", "ChunkFailed", "WorkerLost", "BatchDelivered",
+    "BatchConsumed", "RanksConsumed", "MetricsReported", "coalesce_acknowledgements",
+    # instructions
+    "Instruction", "LoadChunk", "ReleaseChunk", "ConstructBatch", "ReleaseBatch", "StepReady",
+    "JobFailed", "PoolTarget",
+    # values
+    "StepSamples", "StepSummary", "row_counts_of",
+    # the state machine and its offline run
+    "PlannerState", "simulate", "SimulationResult",
+]

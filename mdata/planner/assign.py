@@ -1,0 +1,89 @@
+"""Assigning a step's final samples to DP ranks: what each rank's batch holds, and the summary.
+
+Samples are truncated to the plan's ``max_tokens``, priced by the cost model, and
+:func:`~mdata.balance.balance_step` places them on DP ranks and micro-batches. Each rank's share
+becomes one :class:`~mdata.planner.instructions.ConstructBatch` whose :class:`StepSamples` are
+grouped by chunk (so the constructor slices each loaded chunk once); the step's figures become a
+:class:`StepSummary`. When lineage is recorded, every sample gets its DGraph id here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from mdata.balance import balance_step
+from mdata.cost import evaluate_cost
+from mdata.lineage import DGraph
+from mdata.order import ChunkRef
+from mdata.plan import Plan
+from mdata.planner.instructions import ConstructBatch, StepSamples, StepSummary
+from mdata.planner.selection import Selection
+
+__all__ = ["StepAssigner"]
+
+
+class StepAssigner:
+    """Prices and balances steps of one plan (its batch shape, mesh, cost model and seed)."""
+
+    def __init__(self, plan: Plan) -> None:
+        spec = plan.balance_spec
+        mesh = plan.mesh
+        self.names = plan.source_names
+        self.dp = mesh.dp
+        self.micro_batches = spec.micro_batches
+        self.max_tokens = spec.max_tokens
+        self.cost_model = plan.cost_model
+        self.seed = plan.seed_value
+        self.pad = 2 * mesh.cp if mesh.cp > 1 else 1  # context parallelism splits in 2*cp pieces
+
+    def assign(self, step: int, weights: np.ndarray, sel: Selection,
+               refs_of: Callable[[list[int]], list[ChunkRef]], lineage: DGraph | None,
+               sid: str) -> tuple[list[ConstructBatch], StepSummary]:
+        """One :class:`ConstructBatch` per DP rank and the step's summary.
+
+        ``weights`` are the step's target mixture weights (for the summary); ``refs_of`` maps chunk
+        keys to their :class:`~mdata.order.ChunkRef`; ``lineage`` records the step (None: no
+        lineage, sample ids are -1).
+        """
+        src, shard, row, chunk, cursor, keys, index, tokens, patches, _, skipped = sel
+        trunc = np.minimum(tokens, self.max_tokens).astype(np.int32)
+        n_trunc = int((tokens > self.max_tokens).sum())
+        costs = evaluate_cost(self.cost_model, trunc, patches)
+        a = balance_step(trunc, costs, dp=self.dp, micro_batches=self.micro_batches,
+                         max_tokens=self.max_tokens, seed=(self.seed * 1_000_003 + step) % 2**32,
+                         pad_multiple=self.pad)
+        if lineage is not None:
+            ids = lineage.record_step(
+                step, source_index=src, shard=shard, row=row, chunk_id=chunk, cursor=cursor,
+                dp_rank=a.rank, micro_batch=a.micro_batch, position=a.position, num_tokens=trunc)
+        else:
+            ids = np.full(src.size, -1, np.int64)
+        order = np.lexsort((a.position, a.micro_batch, a.rank))
+        bounds = np.searchsorted(a.rank[order], np.arange(self.dp + 1))
+        src32, shard32 = src.astype(np.int32), shard.astype(np.int32)
+        index32 = index.astype(np.int32)
+        batches: list[ConstructBatch] = []
+        for d in range(self.dp):
+            sel_d = order[bounds[d]:bounds[d + 1]]
+            ukeys, local = np.unique(keys[sel_d], return_inverse=True)
+            by_chunk = np.argsort(local, kind="stable")  # group by chunk, keep (mb, position) order
+            sel_d, local = sel_d[by_chunk], local[by_chunk]
+            samples = StepSamples(
+                chunks=tuple(refs_of(ukeys.tolist())),
+                chunk=local.astype(np.int32), index=index32[sel_d], micro_batch=a.micro_batch[sel_d],
+                position=a.position[sel_d], num_tokens=trunc[sel_d], sample_ids=ids[sel_d],
+                source_index=src32[sel_d], shard=shard32[sel_d], row=row[sel_d],
+                num_micro_batches=a.num_micro_batches)
+            batches.append(ConstructBatch(step, d, samples, stimulus_id=sid))
+        S = len(self.names)
+        summary = StepSummary(
+            step=step, per_rank_cost=a.per_rank_cost, lower_bound=float(a.lower_bound),
+            max_over_mean=float(a.max_over_mean), max_over_lower_bound=float(a.max_over_lower_bound),
+            num_micro_batches=int(a.num_micro_batches),
+            counts=np.bincount(src, minlength=S).astype(np.int64),
+            tokens=np.bincount(src, weights=trunc, minlength=S).astype(np.int64),
+            target_weights=weights, truncated=n_trunc,
+            skipped=sum(int(rows.size) for _, _, rows, _ in skipped), names=self.names)
+        return batches, summary

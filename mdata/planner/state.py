@@ -1,0 +1,386 @@
+"""The Planner's pure state machine: events in, instructions out, no I/O.
+
+Modelled on distributed's ``worker_state_machine``: the Dask scheduler plugin (or
+:func:`~mdata.planner.simulate`, or a test) feeds :mod:`~mdata.planner.events` to
+:meth:`PlannerState.handle` and carries out the :mod:`~mdata.planner.instructions` it returns.
+Every instruction repeats the ``stimulus_id`` of the event that caused it, and a bounded log keeps
+``(stimulus_id, event, instructions)`` for questions after the fact. Same events in, same
+instructions out.
+
+Life of a step ``s`` (each stage is one collaborator, called from here in this order):
+
+1. **Apportioned** when it enters the window (``s < consumed_step + window``):
+   :class:`~mdata.planner.apportion.Provisioner` gives its weights, per-source counts and
+   provisional samples; the :class:`~mdata.planner.chunk_table.ChunkTable` requests the chunks
+   they live in (backpressure: nothing is loaded further ahead than the window).
+2. **Balanced** once every chunk it needs is loaded, strictly in step order:
+   :func:`~mdata.planner.selection.select_samples` passes over rows the loaders skipped, and
+   :class:`~mdata.planner.assign.StepAssigner` prices the rest and assigns them to DP ranks and
+   micro-batches. Out come one ``ConstructBatch`` per DP rank and a ``StepReady`` summary; if
+   skips moved the cursors, later steps take their samples again (re-provisioning).
+3. **Consumed**: when every receiving rank of a DP group reports ``BatchConsumed``, the group's
+   batch is released (``ReleaseBatch``); when all groups have, the step is done, the window moves
+   on and the chunk table releases chunks no planned-but-unconsumed step needs.
+
+The checkpoint of step ``s`` uses snapshots taken when ``s`` was planned (cursors, apportioner
+carry, mixture decisions), so it reflects what trainers consumed, not what was prefetched.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from mdata.checkpoint import Checkpoint
+from mdata.errors import MdataError, TrainerError
+from mdata.lineage import DGraph
+from mdata.mixing import MixtureSchedule
+from mdata.order import ChunkRef, SourceOrder
+from mdata.plan import Plan
+from mdata.planner.apportion import PlannedStep, Provisioner, source_orders
+from mdata.planner.assign import StepAssigner
+from mdata.planner.checkpoints import restore_checkpoint, take_checkpoint
+from mdata.planner.chunk_table import ChunkTable, NotLoaded
+from mdata.planner.events import (
+    BatchConsumed, BatchDelivered, ChunkFailed, ChunkLoaded, MetricsReported, PlannerEvent,
+    RanksConsumed, Tick, WorkerLost,
+)
+from mdata.planner.instructions import Instruction, JobFailed, PoolTarget, ReleaseBatch, StepReady
+from mdata.planner.selection import select_samples
+from mdata.pool_demand import PoolSizer
+
+__all__ = ["PlannerState"]
+
+# acknowledgements arrive by the thousand per step: planning follows only when they free a step
+_ACKNOWLEDGEMENTS = (BatchConsumed, RanksConsumed)
+
+LogEntry = tuple[str, PlannerEvent, tuple[Instruction, ...]]
+
+
+class PlannerState:
+    """Pure planning state of one job (see the module docstring).
+
+    ``listings`` maps each source name to its rows per shard (a sequence of ints, a
+    ``SourceListing`` or a ``SourceMetadata``): the planner never reads data itself.
+    ``pool_sizer`` decides :class:`PoolTarget` instructions on :class:`Tick` events.
+    ``lineage_steps`` keeps the lineage of that many consumed steps (None: all of it).
+    """
+
+    def __init__(
+        self,
+        plan: Plan,
+        listings: Mapping[str, Any],
+        *,
+        job: str = "job",
+        log_size: int = 10_000,
+        pool_sizer: PoolSizer | None = None,
+        record_lineage: bool = True,
+        lineage_steps: int | None = None,
+    ) -> None:
+        plan.validate()
+        self.plan = plan
+        self.job = job
+        self.names = plan.source_names
+        self.mesh = plan.mesh
+        self.window = plan.window_steps
+        self.global_batch = plan.balance_spec.global_batch
+        #: ranks that receive each DP group's batch (others get it by broadcast)
+        self.receivers = [frozenset(self.mesh.receivers(d, plan.broadcast)) for d in range(self.mesh.dp)]
+        self._rank_dp = {r: d for d, rs in enumerate(self.receivers) for r in rs}
+
+        # the collaborators, built here and nowhere else
+        orders = source_orders(plan, listings)
+        self.provisioner = Provisioner(orders, self.names, copy.deepcopy(plan.mixture),
+                                       self.global_batch)  # a copy: stateful policies change
+        self.chunks = ChunkTable(orders, job, width=max(plan.chunk_rows(n) for n in self.names))
+        self.assigner = StepAssigner(plan)
+        self.pool_sizer = pool_sizer if pool_sizer is not None else PoolSizer(self.names)
+        self.dgraph = DGraph(self.names, group_ranks=lambda d: sorted(self.receivers[d]))
+        self.record_lineage = record_lineage
+        self.lineage_steps = None if lineage_steps is None else max(1, int(lineage_steps))
+
+        # progress: steps [consumed_step, planned_step) are in flight
+        S = len(self.names)
+        self.steps: dict[int, PlannedStep] = {}
+        self.cursors = np.zeros(S, np.int64)  # each source's cursor after the last balanced step
+        self.consumed_step = 0  # first step not consumed by every DP group
+        self.balanced_step = 0  # first step not balanced
+        self.planned_step = 0  # first step not apportioned
+        self.skipped = np.zeros(S, np.int64)  # rows the loaders skipped, per source
+        self.truncated = 0  # samples cut to max_tokens
+        self.failed: str | None = None
+        self.log: deque[LogEntry] = deque(maxlen=log_size)
+
+        # event type -> handler; planning (self._advance) follows every handler
+        self._handlers: dict[type, Callable[[Any], list[Instruction]]] = {
+            Tick: self._on_tick,
+            ChunkLoaded: self._on_chunk_loaded,
+            ChunkFailed: self._on_chunk_failed,
+            WorkerLost: self._on_worker_lost,
+            BatchDelivered: self._on_delivered,
+            BatchConsumed: self._on_consumed,
+            RanksConsumed: self._on_ranks_consumed,
+            MetricsReported: self._on_metrics,
+        }
+
+    # -- public API ----------------------------------------------------------------------------
+    def handle(self, *events: PlannerEvent) -> list[Instruction]:
+        """Apply events in order; returns the instructions they cause, in order."""
+        out: list[Instruction] = []
+        log = self.log.append
+        for ev in events:
+            # the common case at thousands of ranks, applied inline (no release, no planning)
+            if (type(ev) is BatchConsumed and self.failed is None
+                    and self._consume_quietly(ev.step, ev.rank)):
+                log((ev.stimulus_id, ev, ()))
+                continue
+            if not isinstance(ev, PlannerEvent):
+                raise TypeError(f"PlannerState.handle takes PlannerEvent values, got {ev!r}")
+            instr = self._handle_one(ev)
+            log((ev.stimulus_id, ev, tuple(instr)))
+            out.extend(instr)
+        return out
+
+    def story(self, stimulus_id: str) -> list[LogEntry]:
+        """Log entries of one stimulus (events and what they caused)."""
+        return [entry for entry in self.log if entry[0] == stimulus_id]
+
+    @property
+    def chunks_in_memory(self) -> int:
+        return self.chunks.in_memory
+
+    def chunk_refs(self) -> list[ChunkRef]:
+        """Chunks currently requested or loaded, in request order."""
+        return self.chunks.refs()
+
+    @property
+    def orders(self) -> list[SourceOrder]:
+        return self.provisioner.orders
+
+    @property
+    def schedule(self) -> MixtureSchedule:
+        """The job's mixture (its own copy: a stateful policy's state is the job's)."""
+        return self.provisioner.schedule
+
+    def checkpoint(self, step: int) -> Checkpoint:
+        """The checkpoint as of having consumed every step before ``step``."""
+        return take_checkpoint(self, step)
+
+    @classmethod
+    def from_checkpoint(
+        cls, plan: Plan, listings: Mapping[str, Any], checkpoint: Checkpoint | Mapping[str, Any],
+        **kwargs: Any,
+    ) -> "PlannerState":
+        """A fresh state that continues exactly where ``checkpoint`` left off."""
+        ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else Checkpoint.from_dict(checkpoint)
+        ckpt.check_plan(plan.fingerprint(), plan.source_names)  # before building anything
+        state = cls(plan, listings, **kwargs)
+        restore_checkpoint(state, ckpt)
+        return state
+
+    # -- dispatch ------------------------------------------------------------------------------
+    def _handle_one(self, ev: PlannerEvent) -> list[Instruction]:
+        if self.failed is not None:
+            return []
+        handler = self._handlers.get(type(ev)) or self._handler_for(type(ev))
+        before = self.consumed_step
+        try:
+            out = handler(ev)
+            if self.consumed_step != before or not isinstance(ev, _ACKNOWLEDGEMENTS):
+                self._advance(ev.stimulus_id, out)
+        except TrainerError:
+            raise
+        except MdataError as exc:  # a bad weight, cost or batch shape: the job cannot go on
+            return [self._fail(f"step {self.balanced_step}: {exc}", ev.stimulus_id, exc)]
+        return out
+
+    def _handler_for(self, cls: type) -> Callable[[Any], list[Instruction]]:
+        """The handler of a subclass of a known event is its base's."""
+        for base in cls.__mro__[1:]:
+            if base in self._handlers:
+                return self._handlers[base]
+        raise TypeError(f"unknown planner event {cls.__name__}")
+
+    def _fail(self, reason: str, sid: str, error: MdataError | None = None) -> JobFailed:
+        self.failed = reason
+        return JobFailed(reason, error, stimulus_id=sid)
+
+    # -- events --------------------------------------------------------------------------------
+    def _on_tick(self, ev: Tick) -> list[Instruction]:
+        if ev.now is None:
+            return []
+        self.pool_sizer.observe_progress(ev.now, self.consumed_step)
+        return [PoolTarget(d.source, d.workers, d.reason, d.demand, stimulus_id=ev.stimulus_id)
+                for d in self.pool_sizer.decide(self.provisioner.last_weights, self.global_batch)]
+
+    def _on_chunk_loaded(self, ev: ChunkLoaded) -> list[Instruction]:
+        ref = ev.chunk
+        c = self.chunks.placed(ref, ev.worker)
+        if c is None:
+            return []  # released before its load finished: nothing needs it
+        rows = np.asarray(ev.rows, np.int64)
+        if self.record_lineage:
+            self.dgraph.record_load(ref.source_index, ref.chunk_id, ev.worker)
+        self.pool_sizer.observe_load(ref.source_index, rows.size + len(ev.skipped_rows), ev.seconds)
+        if not c.loaded:  # else a reload after a lost worker: same rows, same bytes
+            self.chunks.fill(c, rows, ev.num_tokens, ev.num_patches)
+        return []
+
+    def _on_chunk_failed(self, ev: ChunkFailed) -> list[Instruction]:
+        ref = ev.chunk
+        if ref not in self.chunks:
+            return []  # released already: nothing needs its rows
+        error = ev.error if isinstance(ev.error, MdataError) else None
+        return [self._fail(
+            f"loading source {ref.source!r}, shard {ref.shard}, rows {ref.start}-{ref.stop} "
+            f"failed: {ev.error}. Fix or remove the shard, or raise the source's skip_tolerance "
+            "if single samples are bad", ev.stimulus_id, error)]
+
+    def _on_worker_lost(self, ev: WorkerLost) -> list[Instruction]:
+        out: list[Instruction] = []
+        self.chunks.worker_lost(ev.worker, ev.chunks, ev.stimulus_id, out)
+        return out
+
+    def _on_delivered(self, ev: BatchDelivered) -> list[Instruction]:
+        if self.record_lineage:
+            self.dgraph.record_delivered(ev.step, ev.dp_rank, ev.ranks)
+        return []
+
+    def _on_metrics(self, ev: MetricsReported) -> list[Instruction]:
+        self.provisioner.observe(ev.step, ev.rank, ev.metrics)
+        return []
+
+    def _consume_quietly(self, step: int, rank: int) -> bool:
+        """Apply a consumption that completes nothing: a rank of a group that other ranks of the
+        group still have to consume. At thousands of ranks this is nearly every one; returns
+        False to take the general path (:meth:`_on_consumed`) instead."""
+        dp = self._rank_dp.get(rank)
+        st = self.steps.get(step)
+        if dp is None or st is None or not st.balanced:
+            return False
+        group = st.consumed.get(dp)
+        if group is None or rank in group or len(group) + 1 >= len(self.receivers[dp]):
+            return False
+        group.add(rank)
+        if self.record_lineage:
+            self.dgraph.record_consumed(step, dp, rank)
+        return True
+
+    def _on_ranks_consumed(self, ev: RanksConsumed) -> list[Instruction]:
+        """One :class:`BatchConsumed` per rank, in order, without an event object each."""
+        out: list[Instruction] = []
+        quietly = self._consume_quietly
+        for rank in ev.ranks:
+            if not quietly(ev.step, rank):
+                out.extend(self._on_consumed(BatchConsumed(ev.step, rank, stimulus_id=ev.stimulus_id)))
+        return out
+
+    def _on_consumed(self, ev: BatchConsumed) -> list[Instruction]:
+        dp = self._rank_dp.get(ev.rank)
+        if dp is None:
+            if 0 <= ev.rank < self.mesh.world_size:
+                return []  # a rank that gets its data by broadcast: nothing to release
+            raise TrainerError(f"rank {ev.rank} is not in the mesh {self.mesh.describe()}")
+        st = self.steps.get(ev.step)
+        if st is None or not st.balanced:
+            if ev.step < self.consumed_step:
+                return []  # a late duplicate
+            raise TrainerError(
+                f"rank {ev.rank} reports consuming step {ev.step}, which is not planned yet")
+        group = st.consumed.setdefault(dp, set())
+        if ev.rank in group:
+            return []
+        group.add(ev.rank)
+        if self.record_lineage:
+            self.dgraph.record_consumed(ev.step, dp, ev.rank)
+        if len(group) != len(self.receivers[dp]):
+            return []  # the group is not complete yet
+        st.groups_done += 1
+        out: list[Instruction] = [ReleaseBatch(ev.step, dp, stimulus_id=ev.stimulus_id)]
+        if st.groups_done == self.mesh.dp and ev.step == self.consumed_step:
+            self._move_window(ev.stimulus_id, out)  # its oldest step is fully consumed
+        return out
+
+    # -- the window ----------------------------------------------------------------------------
+    def _move_window(self, sid: str, out: list[Instruction]) -> None:
+        """Retire the fully consumed steps at the window's start and plan the steps that enter
+        it before releasing chunks, so a chunk the next steps share with the retired ones stays
+        loaded instead of being reloaded."""
+        done: list[int] = []
+        while (st := self.steps.get(self.consumed_step)) is not None and st.groups_done == self.mesh.dp:
+            del self.steps[self.consumed_step]
+            done.append(self.consumed_step)
+            self.consumed_step += 1
+        if self.lineage_steps is not None:
+            # forget old lineage in batches of a quarter of the retention (amortised copying)
+            horizon = self.consumed_step - self.lineage_steps
+            if horizon - self.dgraph.forgotten_before >= max(1, self.lineage_steps // 4):
+                self.dgraph.forget_before(horizon)
+        while self.planned_step < self.consumed_step + self.window:
+            self._plan_next(sid, out)
+        for step in done:
+            self.chunks.release(step, sid, out)
+
+    def _advance(self, sid: str, out: list[Instruction]) -> None:
+        """Apportion what the window allows, then balance ready steps strictly in step order."""
+        while self.failed is None:
+            if self.planned_step < self.consumed_step + self.window:
+                self._plan_next(sid, out)
+                continue
+            st = self.steps.get(self.balanced_step)
+            if st is None or self.chunks.waiting(st.step) or not self._balance(st, sid, out):
+                break
+
+    def _plan_next(self, sid: str, out: list[Instruction]) -> None:
+        """Apportion the next step and request the chunks its provisional samples live in."""
+        s = self.planned_step
+        st = self.provisioner.plan(s)
+        if s == self.balanced_step:
+            st.cursors_before = self.cursors.copy()
+        self.steps[s] = st
+        self.planned_step = s + 1
+        self.chunks.need(s, st.chunk_keys(), sid, out)
+        # after needing: this step may still draw from the window the cursor just left
+        self.chunks.roll_windows(self.provisioner.cursor, sid, out)
+
+    def _balance(self, st: PlannedStep, sid: str, out: list[Instruction]) -> bool:
+        """Select, price and assign the samples of ``st`` (the oldest unbalanced step); False if
+        skipped rows moved its samples into chunks that are not loaded yet."""
+        s = st.step
+        try:
+            sel = select_samples(st, self.cursors, self.orders, self.chunks)
+        except NotLoaded as exc:  # skips moved the cursor into chunks not requested yet
+            self.chunks.need(s, exc.missing, sid, out)
+            return False
+        self.chunks.settle(s, np.unique(sel.keys).tolist(), sid, out)
+        for i, shards, rows, cursors in sel.skipped:
+            self.skipped[i] += rows.size
+            if self.record_lineage:
+                self.dgraph.record_skips(s, i, shards, rows, cursors)
+        batches, summary = self.assigner.assign(
+            s, st.weights, sel, self.chunks.refs_of, self.dgraph if self.record_lineage else None, sid)
+        out.extend(batches)
+        out.append(StepReady(s, summary, stimulus_id=sid))
+        self.truncated += summary.truncated
+        st.balanced = True
+        expected = self.cursors + st.counts
+        self.cursors = sel.ends
+        self.balanced_step = s + 1
+        if not np.array_equal(sel.ends, expected):
+            self._reprovision(s + 1, sel.ends - expected, sid, out)
+        nxt = self.steps.get(s + 1)
+        if nxt is not None:
+            nxt.cursors_before = self.cursors.copy()
+        return True
+
+    def _reprovision(self, first: int, delta: np.ndarray, sid: str, out: list[Instruction]) -> None:
+        """Skipped rows pushed sources' cursors forward: the steps planned after ``first - 1``
+        take their samples again, and their chunks follow."""
+        later = [self.steps[t] for t in range(first, self.planned_step)]
+        self.provisioner.shift(later, delta)
+        self.chunks.move([(st.step, st.chunk_keys()) for st in later], sid, out)
+        self.chunks.roll_windows(self.provisioner.cursor, sid, out)
