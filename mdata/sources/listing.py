@@ -10,13 +10,13 @@ footer: its rows are counted by scanning the file for line breaks, which reads t
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import fsspec
-import numpy as np
 
-from mdata.errors import RowRangeError, SourceError, SourceNotFoundError
+from mdata.errors import SourceError, SourceNotFoundError
+from mdata.sources.readers import reader_class
+from mdata.sources.shards import ShardInfo, SourceListing
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
@@ -27,44 +27,6 @@ __all__ = ["ShardInfo", "SourceListing", "list_shards", "list_shards_resolved", 
 
 #: Threads reading footers / counting lines at once (remote stores are latency-bound).
 _LIST_THREADS = 16
-
-
-@dataclass(frozen=True)
-class ShardInfo:
-    """One shard: its position in the sorted listing, its full URL, and its row count."""
-
-    index: int
-    path: str
-    num_rows: int
-
-
-@dataclass(frozen=True)
-class SourceListing:
-    """A source's shards in sorted path order, with row counts."""
-
-    source: str
-    shards: tuple[ShardInfo, ...]
-
-    @property
-    def num_rows(self) -> int:
-        """Rows over all shards."""
-        return sum(s.num_rows for s in self.shards)
-
-    def __len__(self) -> int:
-        return len(self.shards)
-
-    def shard(self, index: int) -> ShardInfo:
-        """The shard at ``index`` (an int or numpy integer); raises :class:`RowRangeError` if absent."""
-        if isinstance(index, np.integer):
-            index = int(index)
-        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(self.shards):
-            raise RowRangeError(
-                f"shard index {index!r} is outside the listing of {len(self.shards)} shards",
-                source=self.source,
-                shard=index if isinstance(index, int) else None,
-                hint=f"valid shard indices are 0..{len(self.shards) - 1}",
-            )
-        return self.shards[index]
 
 
 def _has_glob(path: str) -> bool:
@@ -119,8 +81,6 @@ def list_shards_resolved(
     source: "Source",
 ) -> tuple[SourceListing, "AbstractFileSystem", list[str]]:
     """:func:`list_shards` plus the filesystem and protocol-less paths that readers open."""
-    from mdata.sources.readers import reader_class
-
     fs, paths = resolve_shard_paths(source)
     count = reader_class(source.format).count_rows
 

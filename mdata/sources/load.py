@@ -19,7 +19,7 @@ from mdata.errors import (
     SourceError,
 )
 from mdata.sources.chunk import SampleChunk, SkippedSample
-from mdata.sources.readers import ReaderCache, default_reader_cache
+from mdata.sources.cache import ReaderCache, default_reader_cache
 from mdata.sources.spec import Source
 from mdata.sources.transforms import ChunkContext, SampleOutput
 
