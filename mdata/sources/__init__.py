@@ -6,6 +6,8 @@
   :class:`ReaderCache`, transform them, return a columnar :class:`SampleChunk`.
 - Transforms — :class:`TokenizeText`, :class:`DecodeImageCaption`, or a :class:`SampleTransform`
   subclass of your own.
+- Storage outages are waited out under a :class:`RetryPolicy` (``mdata.storage.*``);
+  :func:`storage_waits` tells which sources of this process are waiting on storage right now.
 
 Everything here is numpy/pyarrow/fsspec only: no Dask, no torch.
 """
@@ -16,6 +18,7 @@ from mdata.sources.cache import ReaderCache, ReaderCacheStats, default_reader_ca
 from mdata.sources.listing import list_shards
 from mdata.sources.load import load_chunk
 from mdata.sources.readers import JsonlShardReader, ParquetShardReader, ShardReader
+from mdata.sources.retry import RetryPolicy
 from mdata.sources.shards import ShardInfo, SourceListing
 from mdata.sources.spec import Format, Source
 from mdata.sources.transforms import (
@@ -26,6 +29,7 @@ from mdata.sources.transforms import (
     TokenizeText,
     Transform,
 )
+from mdata.sources.waits import StorageWait, storage_waits
 
 __all__ = [
     "ChunkContext",
@@ -36,6 +40,7 @@ __all__ = [
     "ParquetShardReader",
     "ReaderCache",
     "ReaderCacheStats",
+    "RetryPolicy",
     "SampleChunk",
     "SampleOutput",
     "SampleTransform",
@@ -44,9 +49,11 @@ __all__ = [
     "SkippedSample",
     "Source",
     "SourceListing",
+    "StorageWait",
     "TokenizeText",
     "Transform",
     "default_reader_cache",
     "list_shards",
     "load_chunk",
+    "storage_waits",
 ]

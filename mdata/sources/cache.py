@@ -7,16 +7,18 @@ much of mdata's memory saving comes from, so the :class:`ReaderCache` keeps at m
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from mdata.sources.listing import list_shards_resolved
 from mdata.sources.readers import reader_class
+from mdata.sources.retry import RetryPolicy, retry_storage
 from mdata.sources.shard_reader import ShardReader
-from mdata.sources.shards import SourceListing
+from mdata.sources.shards import ShardInfo, SourceListing
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
@@ -25,16 +27,20 @@ if TYPE_CHECKING:
 
 __all__ = ["ReaderCache", "ReaderCacheStats", "default_reader_cache"]
 
+logger = logging.getLogger("mdata.sources")
+
 
 @dataclass(frozen=True)
 class ReaderCacheStats:
-    """Counters of a :class:`ReaderCache`: how often readers were opened, reused and evicted."""
+    """Counters of a :class:`ReaderCache`: how often readers were opened, reused, evicted, dropped."""
 
     listings: int
     opens: int
     hits: int
     evictions: int
     open_readers: int
+    #: Readers dropped because storage failed under them (reopened by the next attempt).
+    dropped: int = 0
 
 
 @dataclass
@@ -50,17 +56,22 @@ class ReaderCache:
     Also memoizes each source's listing, so the glob and the footers are read once per process.
     Readers evicted from the cache are closed; one still in use by another thread reopens its file
     on its next read, so eviction never breaks a running load.
+
+    Storage outages are waited out under ``retry`` (``mdata.storage.*`` when the cache is built): a
+    read that fails because storage is unreachable drops its reader (its connection may be broken)
+    and tries again with a freshly opened one, until the deadline passes.
     """
 
-    def __init__(self, max_readers: int = 64) -> None:
+    def __init__(self, max_readers: int = 64, *, retry: RetryPolicy | None = None) -> None:
         if not isinstance(max_readers, int) or max_readers < 1:
             raise ValueError(f"max_readers must be a positive int, got {max_readers!r}")
         self.max_readers = max_readers
+        self.retry = retry if retry is not None else RetryPolicy.from_config()
         self._lock = threading.Lock()
         self._listings: dict[tuple, _Listed] = {}
         self._readers: OrderedDict[tuple, ShardReader] = OrderedDict()
         self._opening: dict[tuple, threading.Lock] = {}
-        self._opens = self._hits = self._evictions = 0
+        self._opens = self._hits = self._evictions = self._dropped = 0
 
     def _listed(self, source: "Source") -> _Listed:
         key = source.cache_key
@@ -73,7 +84,7 @@ class ReaderCache:
             with self._lock:
                 entry = self._listings.get(key)
             if entry is None:
-                entry = _Listed(*list_shards_resolved(source))
+                entry = _Listed(*list_shards_resolved(source, retry=self.retry))
                 with self._lock:
                     self._listings[key] = entry
         return entry
@@ -86,8 +97,39 @@ class ReaderCache:
         """The open reader of shard ``shard`` (index in the listing), opening it on first use."""
         listed = self._listed(source)
         info = listed.listing.shard(shard)
-        shard = info.index
-        key = (source.cache_key, shard)
+        return retry_storage(
+            lambda: self._get_or_open(source, listed, info),
+            source=source.name, shard=info.path, action="opening the shard", policy=self.retry,
+        )
+
+    def read(self, source: "Source", shard: int, start: int, stop: int) -> dict[str, list[Any]]:
+        """Rows ``[start, stop)`` of shard ``shard`` through its cached reader, outages waited out.
+
+        Each attempt takes the cached reader (or opens one) and reads; a transient failure drops
+        that reader, so the next attempt reopens the file over a fresh connection.
+        """
+        listed = self._listed(source)
+        info = listed.listing.shard(shard)
+        key = (source.cache_key, info.index)
+        used: list[ShardReader] = []
+
+        def attempt() -> dict[str, list[Any]]:
+            used.clear()
+            reader = self._get_or_open(source, listed, info)
+            used.append(reader)
+            return reader.read(start, stop)
+
+        def broken(exc: BaseException) -> None:
+            if used:
+                self._drop(key, used[0])
+
+        return retry_storage(
+            attempt, source=source.name, shard=info.path, action=f"reading rows [{start}, {stop})",
+            policy=self.retry, on_failure=broken,
+        )
+
+    def _get_or_open(self, source: "Source", listed: _Listed, info: ShardInfo) -> ShardReader:
+        key = (source.cache_key, info.index)
         reader = self._hit(key)
         if reader is not None:
             return reader
@@ -99,7 +141,7 @@ class ReaderCache:
             reader = self._hit(key)
             if reader is not None:
                 return reader
-            reader = reader_class(source.format)(source, listed.fs, listed.paths[shard], info)
+            reader = reader_class(source.format)(source, listed.fs, listed.paths[info.index], info)
             evicted: list[ShardReader] = []
             with self._lock:
                 self._opens += 1
@@ -112,6 +154,18 @@ class ReaderCache:
         for r in evicted:
             r.close()
         return reader
+
+    def _drop(self, key: tuple, reader: ShardReader) -> None:
+        """Forget ``reader`` (if it is still the cached one) and close it: its connection broke."""
+        with self._lock:
+            if self._readers.get(key) is not reader:
+                return  # another thread already dropped it, or it was evicted
+            del self._readers[key]
+            self._dropped += 1
+        try:
+            reader.close()
+        except Exception:  # closing a broken handle may fail too; the reader is gone either way
+            logger.debug("closing a dropped reader of %s failed", reader.shard.path, exc_info=True)
 
     def _hit(self, key: tuple) -> ShardReader | None:
         with self._lock:
@@ -130,6 +184,7 @@ class ReaderCache:
                 hits=self._hits,
                 evictions=self._evictions,
                 open_readers=len(self._readers),
+                dropped=self._dropped,
             )
 
     def clear(self) -> None:

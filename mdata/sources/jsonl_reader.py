@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from mdata.errors import SchemaError
+from mdata.sources.faults import is_transient
 from mdata.sources.fields import FieldKind
 from mdata.sources.shard_reader import ShardReader
 from mdata.sources.spec import Format
@@ -63,7 +64,14 @@ class JsonlShardReader(ShardReader):
 
     def _open(self) -> None:
         self._file = self._open_file()
-        self._starts, self._lengths = self._scan(self._file)
+        try:
+            self._starts, self._lengths = self._scan(self._file)
+        except Exception as exc:  # only reading can fail here: storage, not the file's content
+            self._file.close()
+            self._file = None
+            if is_transient(exc):
+                raise
+            raise self._failure("cannot index the lines", exc, action="indexing the lines") from exc
         if len(self._starts) != self.shard.num_rows:
             raise self._corrupt(
                 f"shard has {len(self._starts)} lines but had {self.shard.num_rows} when listed"
@@ -76,8 +84,15 @@ class JsonlShardReader(ShardReader):
             return out
         begin = int(self._starts[start])
         end = int(self._starts[stop - 1] + self._lengths[stop - 1])
-        self._file.seek(begin)
-        data = self._file.read(end - begin)
+        try:
+            self._file.seek(begin)
+            data = self._file.read(end - begin)
+        except Exception as exc:
+            if is_transient(exc):
+                raise
+            raise self._failure(
+                f"cannot read rows [{start}, {stop})", exc, action=f"reading rows [{start}, {stop})", row=start
+            ) from exc
         self.units_read += stop - start
         for k in range(start, stop):
             a = int(self._starts[k]) - begin

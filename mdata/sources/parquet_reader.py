@@ -10,6 +10,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from mdata.errors import CorruptShardError, SchemaError
+from mdata.sources.faults import Fault, classify, is_transient
 from mdata.sources.fields import arrow_type_problem, bytes_child
 from mdata.sources.shard_reader import ShardReader
 from mdata.sources.spec import Format
@@ -27,18 +28,21 @@ class ParquetShardReader(ShardReader):
 
     @classmethod
     def count_rows(cls, fs: "AbstractFileSystem", path: str, *, source: str, url: str) -> int:
-        try:
-            with fs.open(path, "rb") as f:
+        # Failures to open, and storage failures while reading (unreachable, missing, denied), are
+        # the store's, not the file's: they propagate for the listing to retry or report.
+        with fs.open(path, "rb") as f:
+            try:
                 return pq.read_metadata(f).num_rows
-        except FileNotFoundError:
-            raise
-        except Exception as exc:  # ArrowInvalid ("magic bytes not found"), OSError...
-            raise CorruptShardError(
-                f"cannot read the Parquet footer: {type(exc).__name__}: {exc}",
-                source=source,
-                shard=url,
-                hint="the file is truncated or not Parquet; re-write it or remove it from the source",
-            ) from exc
+            except Exception as exc:
+                if classify(exc) is not Fault.OTHER:
+                    raise
+                # ArrowInvalid ("magic bytes not found"), OSError("Couldn't deserialize thrift")...
+                raise CorruptShardError(
+                    f"cannot read the Parquet footer: {type(exc).__name__}: {exc}",
+                    source=source,
+                    shard=url,
+                    hint="the file is truncated or not Parquet; re-write it or remove it from the source",
+                ) from exc
 
     def _open(self) -> None:
         self._file = self._open_file()
@@ -49,7 +53,9 @@ class ParquetShardReader(ShardReader):
         except Exception as exc:
             self._file.close()
             self._file = None
-            raise self._corrupt("cannot read the Parquet footer", exc) from exc
+            if is_transient(exc):
+                raise
+            raise self._failure("cannot read the Parquet footer", exc, action="reading the Parquet footer") from exc
         meta = self._pf.metadata
         if meta.num_rows != self.shard.num_rows:
             raise self._corrupt(
@@ -87,9 +93,12 @@ class ParquetShardReader(ShardReader):
         groups = list(range(first, last + 1))
         try:
             table = self._pf.read_row_groups(groups, columns=fields, use_threads=False)
-        except Exception as exc:  # corrupt page, checksum mismatch, truncated column chunk
-            raise self._corrupt(
-                f"cannot read rows [{start}, {stop}) (row groups {first}..{last})", exc, row=start
+        except Exception as exc:  # corrupt page, checksum mismatch, truncated column chunk; or storage
+            if is_transient(exc):
+                raise
+            raise self._failure(
+                f"cannot read rows [{start}, {stop}) (row groups {first}..{last})", exc,
+                action=f"reading rows [{start}, {stop})", row=start,
             ) from exc
         self.units_read += len(groups)
         table = table.slice(start - int(self._group_starts[first]), stop - start)

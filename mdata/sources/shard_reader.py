@@ -12,7 +12,8 @@ import threading
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from mdata.errors import CorruptShardError, SourceNotFoundError
+from mdata.errors import CorruptShardError, SourceError, SourceNotFoundError
+from mdata.sources.faults import Fault, classify, is_transient, storage_failure
 from mdata.sources.fields import FieldKind
 from mdata.sources.spec import Format
 
@@ -26,7 +27,13 @@ __all__ = ["ShardReader"]
 
 
 class ShardReader(ABC):
-    """Reads row ranges of one shard of one source; thread-safe; reopens itself after close()."""
+    """Reads row ranges of one shard of one source; thread-safe; reopens itself after close().
+
+    Failures that may heal by themselves (storage unreachable, timed out, throttled: see
+    :func:`~mdata.sources.faults.is_transient`) propagate unchanged, for the caller's retry loop
+    (:class:`~mdata.sources.cache.ReaderCache` drops the reader and opens a fresh one); every other
+    failure is an :class:`~mdata.errors.MdataError` naming the source and shard.
+    """
 
     format: ClassVar[Format]
 
@@ -75,6 +82,32 @@ class ShardReader(ABC):
                 finally:
                     self._file = None
 
+    def _failure(
+        self, message: str, exc: BaseException, *, action: str, row: int | None = None, parsing: bool = True
+    ) -> SourceError:
+        """The mdata error for ``exc``, caught while ``action``, when it is not transient.
+
+        ``message`` is the corrupt-file message (``"cannot read the Parquet footer"``), ``action``
+        what was being done (``"reading the Parquet footer"``) for storage's own failures. With
+        ``parsing=False`` (no bytes were parsed, e.g. opening) nothing is blamed on the file.
+
+        Callers re-raise transient failures unchanged first (``if is_transient(exc): raise``): the
+        retry loop above waits those out. A missing file means the shard changed after listing, a
+        denied or failed request is storage's answer, and only the rest blames the file's bytes.
+        """
+        fault = classify(exc)
+        if fault is Fault.NOT_FOUND:
+            return SourceNotFoundError(
+                f"shard disappeared after it was listed ({type(exc).__name__}: {exc})",
+                source=self.source.name,
+                shard=self.shard.path,
+                row=row,
+                hint="shards must not change while a job runs; restart to re-list the source",
+            )
+        if fault is not Fault.OTHER or not parsing:
+            return storage_failure(exc, source=self.source.name, shard=self.shard.path, action=action)
+        return self._corrupt(message, exc, row=row)
+
     def _corrupt(self, message: str, exc: BaseException | None = None, row: int | None = None) -> CorruptShardError:
         detail = f"{message}: {type(exc).__name__}: {exc}" if exc is not None else message
         return CorruptShardError(
@@ -88,10 +121,7 @@ class ShardReader(ABC):
     def _open_file(self) -> Any:
         try:
             return self.fs.open(self.path, "rb")
-        except FileNotFoundError as exc:
-            raise SourceNotFoundError(
-                "shard disappeared after it was listed",
-                source=self.source.name,
-                shard=self.shard.path,
-                hint="shards must not change while a job runs; restart to re-list the source",
-            ) from exc
+        except Exception as exc:
+            if is_transient(exc):
+                raise
+            raise self._failure("cannot open the shard", exc, action="opening the shard", parsing=False) from exc
