@@ -13,6 +13,7 @@ __all__ = [
     "SourceNotFoundError",
     "UnknownFormatError",
     "CorruptShardError",
+    "StorageUnavailableError",
     "SchemaError",
     "SampleError",
     "ImageDecodeError",
@@ -85,7 +86,20 @@ class UnknownFormatError(SourceError):
 
 
 class CorruptShardError(SourceError):
-    """A shard cannot be parsed (truncated, not Parquet, bad JSON line...)."""
+    """A shard cannot be parsed (truncated, not Parquet, bad JSON line...).
+
+    Raised only when storage delivered the bytes and they do not parse: an unreachable or throttling
+    store is waited out and, past the deadline, is a :class:`StorageUnavailableError` instead.
+    """
+
+
+class StorageUnavailableError(SourceError):
+    """Storage stayed unreachable (refused, timed out, throttled, 5xx) past the retry deadline.
+
+    The message names the shard (or the URL being listed), how long mdata waited, over how many
+    attempts, and the last underlying error. The data is not at fault: check the endpoint, the
+    network and the credentials, or raise ``mdata.storage.retry-deadline`` to wait out longer outages.
+    """
 
 
 class SchemaError(SourceError):

@@ -44,7 +44,9 @@ register_routes()
 
 def _list_shards_task(source):
     """Runs on a loader of the source's pool: shard paths and row counts from file metadata."""
-    listing = source.list_shards()
+    from mdata.sources import list_shards
+
+    listing = list_shards(source)
     return [int(shard.num_rows) for shard in listing.shards]
 
 

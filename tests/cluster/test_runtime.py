@@ -19,7 +19,7 @@ from mdata.mesh import ClientPlaceTree
 from mdata.metadata import SourceMetadata
 from mdata.plan import Plan
 from mdata.planner import simulate
-from mdata.sources import load_chunk
+from mdata.sources import list_shards, load_chunk
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 
@@ -168,7 +168,7 @@ def test_per_rank_costs_and_mixture_equal_the_pure_simulation(client, example_so
     metadata = {}
     for src in example_sources_small:
         chunks = []
-        for shard in src.list_shards().shards:
+        for shard in list_shards(src).shards:
             for start in range(0, shard.num_rows, src.chunk_rows):
                 chunks.append(load_chunk(src, shard.index, start, min(start + src.chunk_rows, shard.num_rows)))
         metadata[src.name] = SourceMetadata.from_chunks(chunks)

@@ -307,13 +307,13 @@ def test_crop_plans_are_seeded_by_photograph_and_stay_inside_it():
 
 
 def test_example_sources_load_through_mdata_sources(example_corpus: Path):
-    from mdata.sources import load_chunk
+    from mdata.sources import list_shards, load_chunk
 
     sources = example_sources(example_corpus)
     manifest = read_manifest(example_corpus)
     assert [s.name for s in sources] == [e["name"] for e in manifest["sources"]]
     for source, entry in zip(sources, manifest["sources"]):
-        listing = source.list_shards()
+        listing = list_shards(source)
         assert [s.num_rows for s in listing.shards] == [f["rows"] for f in entry["files"]]
 
     chat = sources[0]
@@ -335,7 +335,7 @@ def test_the_corpus_reads_back_the_same_from_the_test_s3_server(example_corpus: 
     """Copied to S3 (moto on 127.0.0.1), every source lists and loads the same samples."""
     import s3fs
 
-    from mdata.sources import load_chunk
+    from mdata.sources import list_shards, load_chunk
 
     fs = s3fs.S3FileSystem(**moto_s3)
     fs.mkdir("corpus-bucket")
@@ -345,7 +345,7 @@ def test_the_corpus_reads_back_the_same_from_the_test_s3_server(example_corpus: 
     assert [s.name for s in remote] == [s.name for s in local] and len(remote) >= 5
     for a, b in zip(local, remote):
         assert b.url.startswith("s3://corpus-bucket/example/")
-        la, lb = a.list_shards(), b.list_shards()
+        la, lb = list_shards(a), list_shards(b)
         assert [s.num_rows for s in la.shards] == [s.num_rows for s in lb.shards]
         stop = min(8, la.shards[-1].num_rows)
         ca, cb = load_chunk(a, len(la.shards) - 1, 0, stop), load_chunk(b, len(lb.shards) - 1, 0, stop)

@@ -37,6 +37,7 @@ from mdata.sources import (
     DecodeImageCaption,
     ReaderCache,
     Source,
+    list_shards,
     load_chunk,
 )
 
@@ -60,7 +61,7 @@ class TestListing:
         write_parquet(store, "b.parquet", {"text": texts[7:]})
         store.write_bytes("notes.txt", b"not a shard")
 
-        listing = text_source(store).list_shards()
+        listing = list_shards(text_source(store))
 
         assert [s.path.rsplit("/", 1)[1] for s in listing.shards] == ["a.parquet", "b.parquet", "c.parquet"]
         assert [s.num_rows for s in listing.shards] == [2, 5, 5]
@@ -74,7 +75,7 @@ class TestListing:
         write_parquet(store, "dir/sub/y.parquet", {"text": ["two", "three"]})
         store.write_bytes("dir/readme.md", b"# not a shard")
 
-        listing = text_source(store, "dir").list_shards()
+        listing = list_shards(text_source(store, "dir"))
 
         assert [s.path.rsplit("/", 2)[-2:] for s in listing.shards] == [["sub", "y.parquet"], ["dir", "x.parquet"]]
         assert [s.num_rows for s in listing.shards] == [2, 1]
@@ -82,15 +83,15 @@ class TestListing:
     def test_jsonl_rows_are_non_empty_lines(self, store):
         store.write_bytes("a.jsonl", b'{"text": "x"}\n\n{"text": "y"}\n{"text": "z"}')  # no final newline
 
-        listing = Source("chat", store.url("*.jsonl"), format="jsonl",
-                         storage_options=store.storage_options).list_shards()
+        listing = list_shards(Source("chat", store.url("*.jsonl"), format="jsonl",
+                                     storage_options=store.storage_options))
 
         assert [s.num_rows for s in listing.shards] == [3]
 
     def test_empty_glob_raises_source_not_found(self, store):
         write_parquet(store, "a.parquet", {"text": ["x"]})
         with pytest.raises(SourceNotFoundError, match=r"source 'web'.*no parquet files match .*missing/\*\.parquet"):
-            text_source(store, "missing/*.parquet").list_shards()
+            list_shards(text_source(store, "missing/*.parquet"))
 
     def test_truncated_parquet_raises_corrupt_shard_at_listing(self, store):
         buf = io.BytesIO()
@@ -99,7 +100,7 @@ class TestListing:
         store.write_bytes("half.parquet", buf.getvalue()[: len(buf.getvalue()) // 2])
 
         with pytest.raises(CorruptShardError, match=r"shard '.*half\.parquet'.*Parquet footer"):
-            text_source(store).list_shards()
+            list_shards(text_source(store))
 
 
 class TestLoadText:
