@@ -44,7 +44,7 @@ class BatchLocation(Message):
     checkpoint: Mapping[str, Any]
 
     def to_msg(self) -> dict[str, Any]:
-        return {"key": list(self.key), "who_has": list(self.who_has), "cp_rank": self.cp_rank,
+        return {"key": key_msg(self.key), "who_has": list(self.who_has), "cp_rank": self.cp_rank,
                 "receives_tokens": self.receives_tokens, "receives_labels": self.receives_labels,
                 "checkpoint": self.checkpoint}
 
@@ -98,14 +98,12 @@ class BatchLocationReply(Message):
             raw_error = r.raw("error", None)
             error = None if raw_error is None else error_from_msg(raw_error)
         r.done()
-        try:
-            return cls(status, location, reason, error)
-        except MdataError as exc:
-            raise r.fail("status", str(exc)) from None
+        return cls(status, location, reason, error)
 
     def failure(self, context: str) -> MdataError:
         """The error a trainer raises for a ``FAILED`` reply: the typed error that failed the job
-        (with ``context: reason`` as a note), else a TrainerError saying the same."""
+        (with ``context: reason`` added as a note; call it once per reply), else a TrainerError
+        saying the same."""
         if self.error is not None:
             self.error.add_note(f"{context}: {self.reason}")
             return self.error
