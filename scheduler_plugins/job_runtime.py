@@ -6,6 +6,10 @@ instructions into Dask actions (submit a load task restricted to a pool, submit 
 on a constructor, drop futures) and turns Dask outcomes (a chunk's summary arrived, a task failed, a
 worker left, a trainer acknowledged a step) back into events. Planning runs in a thread so the
 scheduler's event loop stays responsive; events are applied one batch at a time under a lock.
+What the loop may read of the state meanwhile, and how, is the subject of
+:mod:`scheduler_plugins.planner_view`. Replies and the construct task's spec are the typed messages
+of :mod:`mdata.wire.messages`; a failure keeps its :class:`~mdata.errors.MdataError` so that
+trainers raise the same class with its fields.
 """
 
 from __future__ import annotations
@@ -15,14 +19,23 @@ import logging
 import time
 import traceback
 from collections import defaultdict
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
 
 from mdata import planner as ps
+from mdata.errors import MdataError
 from mdata.observe import SourceMeter, TrainerMeter
+from mdata.wire.messages import (
+    BatchLocation, BatchLocationReply, ChunkPull, ConstructSpec, PoolTargetInfo, Status,
+    StatusCounters, StatusReply,
+)
+from scheduler_plugins.planner_view import PlannerView
 from workers.constructor import construct_task
 from workers.loader import chunk_summary_task, load_chunk_task
+
+T = TypeVar("T")
 
 logger = logging.getLogger("mdata.planner")
 
@@ -48,17 +61,30 @@ class JobRuntime:
         self.chunk_futures: dict[Any, Any] = {}
         self.batch_futures: dict[tuple[int, int], Any] = {}
         self.batch_ready: dict[tuple[int, int], asyncio.Event] = defaultdict(asyncio.Event)
-        self.batch_errors: dict[tuple[int, int], str] = {}
+        # (reason, the typed error when it was an MdataError) per batch that could not be built
+        self.batch_errors: dict[tuple[int, int], tuple[str, MdataError | None]] = {}
         self.step_summaries: dict[int, dict] = {}
         self.pool_targets: dict[str, dict] = {}
         self.failure: str | None = None
+        self.failure_error: MdataError | None = None  # what failed the job, when typed
         self.failed = asyncio.Event()
+        self.view = PlannerView.of(state)  # what the event loop reads (see planner_view)
+        # Every instruction the Planner may give, and what carries it out; another is a bug.
+        self._actions: dict[type, Callable[[Any], None]] = {
+            ps.LoadChunk: self._load_chunk,
+            ps.ConstructBatch: self._construct_batch,
+            ps.ReleaseChunk: self._release_chunk,
+            ps.ReleaseBatch: self._release_batch,
+            ps.StepReady: self._step_ready,
+            ps.PoolTarget: self._pool_target,
+            ps.JobFailed: self._job_failed,
+        }
         self.delivered: dict[int, set[int]] = defaultdict(set)
         self.wait_seconds: dict[int, float] = defaultdict(float)
         self.consumed_steps: dict[int, int] = {}
         self.started = time.time()
         # What the dashboard shows (mdata.observe): loads per source, trainer waits per step.
-        self.source_meter = SourceMeter(tuple(state.names), now=time.monotonic())
+        self.source_meter = SourceMeter(tuple(plan.source_names), now=time.monotonic())
         self.trainer_meter = TrainerMeter()
         self._tasks: set[asyncio.Task] = set()
         self._closed = False
@@ -80,12 +106,36 @@ class JobRuntime:
     async def _apply(self, events) -> None:
         """The body of :meth:`handle`; the caller holds ``self.lock``."""
         try:
-            instructions = await asyncio.to_thread(self.state.handle, *events)
+            instructions, view = await asyncio.to_thread(self._plan, events)
+            actions = [(self._action(ins), ins) for ins in instructions]
         except Exception as exc:  # a bug or bad plan must fail the job loudly, not hang trainers
             logger.exception("mdata planner failed on %s", events)
-            self._fail(f"planner error: {exc!r}\n{traceback.format_exc()}")
+            self._fail(f"planner error: {exc!r}\n{traceback.format_exc()}", exc)
             return
-        self._execute(instructions)
+        self.view = view
+        for action, ins in actions:
+            action(ins)
+
+    def _plan(self, events) -> tuple[list, PlannerView]:
+        """Runs in a thread, under ``self.lock``: apply the events, then snapshot the state."""
+        instructions = self.state.handle(*events)
+        balanced = [ins.step for ins in instructions if type(ins) is ps.StepReady]
+        return instructions, PlannerView.of(self.state, self.view, balanced)
+
+    def _action(self, ins) -> Callable[[Any], None]:
+        try:
+            return self._actions[type(ins)]
+        except KeyError:
+            raise TypeError(
+                f"job {self.job!r}: the runtime has no action for the Planner's instruction "
+                f"{type(ins).__name__} (known: {sorted(t.__name__ for t in self._actions)})"
+            ) from None
+
+    async def read_state(self, read: Callable[["ps.PlannerState"], T]) -> T:
+        """``read(state)`` under the lock, on the event loop: for what the view does not hold
+        (the DGraph, a checkpoint of any step); see :mod:`scheduler_plugins.planner_view`."""
+        async with self.lock:
+            return read(self.state)
 
     async def _handle_coalesced(self, *events) -> None:
         """Like :meth:`handle`, but events arriving while the Planner is busy are applied
@@ -118,16 +168,7 @@ class JobRuntime:
         self._spawn(self.handle(ps.WorkerLost(worker=address, stimulus_id=f"lost-{address}")))
 
     # -- instructions out ------------------------------------------------------------------------
-    def _execute(self, instructions) -> None:
-        for ins in instructions:
-            kind = type(ins).__name__
-            handler = getattr(self, f"_do_{kind}", None)
-            if handler is None:
-                logger.debug("mdata planner: no runtime action for %s", kind)
-                continue
-            handler(ins)
-
-    def _do_LoadChunk(self, ins) -> None:
+    def _load_chunk(self, ins: "ps.LoadChunk") -> None:
         chunk = ins.chunk
         source = self.sources[chunk.source]
         resources = {pool_resource(chunk.source): 1}
@@ -167,29 +208,27 @@ class JobRuntime:
             )
         )
 
-    def _do_ConstructBatch(self, ins) -> None:
+    def _construct_batch(self, ins: "ps.ConstructBatch") -> None:
         samples = ins.samples
-        chunks = []
-        for key, indices in samples.chunk_indices():
-            chunks.append((list(key), [int(i) for i in indices], self.who_has(key)))
-        spec = {
-            "step": ins.step,
-            "dp_rank": ins.dp_rank,
-            "chunks": chunks,
-            "micro_batch": samples.micro_batch,
-            "position": samples.position,
-            "lengths": samples.num_tokens,
-            "sample_ids": np.stack([samples.source_index, samples.shard, samples.row], axis=1),
-            "num_micro_batches": samples.num_micro_batches,
-            "max_tokens": self.plan.balance_spec.max_tokens,
-            "cp": self.plan.mesh.cp,
-            "pad_id": self.plan.pad_id,
-            "image_token_id": self.plan.image_token_id,
-            "wait_s": self.chunk_wait_s,
-        }
+        spec = ConstructSpec(
+            step=int(ins.step),
+            dp_rank=int(ins.dp_rank),
+            chunks=tuple(ChunkPull(tuple(key), tuple(int(i) for i in indices), tuple(self.who_has(key)))
+                         for key, indices in samples.chunk_indices()),
+            micro_batch=samples.micro_batch,
+            position=samples.position,
+            lengths=samples.num_tokens,
+            sample_ids=np.stack([samples.source_index, samples.shard, samples.row], axis=1),
+            num_micro_batches=int(samples.num_micro_batches),
+            max_tokens=int(self.plan.balance_spec.max_tokens),
+            cp=int(self.plan.mesh.cp),
+            pad_id=int(self.plan.pad_id),
+            image_token_id=None if self.plan.image_token_id is None else int(self.plan.image_token_id),
+            wait_s=float(self.chunk_wait_s),
+        )
         key = ("mdata-construct", self.job, ins.step, ins.dp_rank)
         fut = self.client.submit(
-            construct_task, spec, key=key, resources={CONSTRUCTOR_RESOURCE: 1}, pure=False
+            construct_task, spec.to_msg(), key=key, resources={CONSTRUCTOR_RESOURCE: 1}, pure=False
         )
         self.batch_futures[(ins.step, ins.dp_rank)] = fut
         self._spawn(self._await_batch(ins.step, ins.dp_rank, fut))
@@ -199,37 +238,39 @@ class JobRuntime:
         exc = await fut.exception()  # waits for the task; never gathers the batch itself
         if exc is not None or fut.status == "error":
             self.batch_errors[(step, dp_rank)] = (
-                f"building step {step} for DP rank {dp_rank} failed: {exc}"
+                f"building step {step} for DP rank {dp_rank} failed: {exc}",
+                exc if isinstance(exc, MdataError) else None,
             )
         self.batch_ready[(step, dp_rank)].set()
 
-    def _do_ReleaseChunk(self, ins) -> None:
+    def _release_chunk(self, ins: "ps.ReleaseChunk") -> None:
         fut = self.chunk_futures.pop(ins.chunk.key, None)
         if fut is not None:
             fut.release()
 
-    def _do_ReleaseBatch(self, ins) -> None:
+    def _release_batch(self, ins: "ps.ReleaseBatch") -> None:
         fut = self.batch_futures.pop((ins.step, ins.dp_rank), None)
         self.batch_ready.pop((ins.step, ins.dp_rank), None)
         if fut is not None:
             fut.release()
 
-    def _do_StepReady(self, ins) -> None:
-        self.step_summaries[ins.step] = ins.summary.to_dict(self.state.names)
+    def _step_ready(self, ins: "ps.StepReady") -> None:
+        self.step_summaries[ins.step] = ins.summary.to_dict(self.view.names)
         # a long run plans millions of steps: keep the recent ones (steps arrive in order)
         while len(self.step_summaries) > self.history_steps:
             self.step_summaries.pop(next(iter(self.step_summaries)))
 
-    def _do_PoolTarget(self, ins) -> None:
+    def _pool_target(self, ins: "ps.PoolTarget") -> None:
         self.pool_targets[ins.source] = {"workers": ins.workers, "reason": ins.reason,
                                        "demand": float(ins.demand), "time": time.time()}
 
-    def _do_JobFailed(self, ins) -> None:
-        self._fail(ins.reason)
+    def _job_failed(self, ins: "ps.JobFailed") -> None:
+        self._fail(ins.reason, ins.error)  # the typed error that failed the job, when there is one
 
-    def _fail(self, reason: str) -> None:
+    def _fail(self, reason: str, error: BaseException | None = None) -> None:
         if self.failure is None:
             self.failure = reason
+            self.failure_error = error if isinstance(error, MdataError) else None
             logger.error("mdata job %s failed: %s", self.job, reason)
         self.failed.set()
         for event in self.batch_ready.values():
@@ -243,7 +284,7 @@ class JobRuntime:
     def _ready(self, key: tuple[int, int]) -> bool:
         return self.failed.is_set() or (key in self.batch_futures and self.batch_ready[key].is_set())
 
-    async def batch_location(self, rank: int, step: int, timeout: float) -> dict:
+    async def batch_location(self, rank: int, step: int, timeout: float) -> BatchLocationReply:
         """Long-poll until the batch of ``step`` for ``rank``'s DP group is built (or fails)."""
         key = (step, self.plan.mesh.coordinate(rank).dp)
         if not self._ready(key):
@@ -251,27 +292,30 @@ class JobRuntime:
             try:
                 await asyncio.wait_for(self._wait_ready(key), timeout)
             except asyncio.TimeoutError:
-                return {"status": "timeout"}
+                return BatchLocationReply(Status.TIMEOUT)
             finally:
                 self.wait_seconds[rank] += time.monotonic() - began
                 self.trainer_meter.waited(rank, step, time.monotonic() - began)
         else:
             self.trainer_meter.waited(rank, step, 0.0)
         if self.failure is not None:
-            return {"status": "failed", "error": self.failure}
+            return BatchLocationReply(Status.FAILED, reason=self.failure, error=self.failure_error)
         if key in self.batch_errors:
-            return {"status": "failed", "error": self.batch_errors[key]}
+            reason, error = self.batch_errors[key]
+            return BatchLocationReply(Status.FAILED, reason=reason, error=error)
         fut = self.batch_futures[key]
         role = self.plan.mesh.role(rank)
-        return {
-            "status": "OK",
-            "key": list(fut.key),
-            "who_has": self.who_has(fut.key),
-            "cp_rank": int(role.cp_rank),
-            "receives_tokens": bool(role.receives_tokens),
-            "receives_labels": bool(role.receives_labels),
-            "checkpoint": self.state.checkpoint(step + 1).to_dict(),
-        }
+        checkpoint = self.view.checkpoint(step + 1)
+        if checkpoint is None:  # not in the view (asked again after every group consumed it)
+            checkpoint = (await self.read_state(lambda state: state.checkpoint(step + 1))).to_dict()
+        return BatchLocationReply(Status.OK, BatchLocation(
+            key=tuple(fut.key),
+            who_has=tuple(self.who_has(fut.key)),
+            cp_rank=int(role.cp_rank),
+            receives_tokens=bool(role.receives_tokens),
+            receives_labels=bool(role.receives_labels),
+            checkpoint=checkpoint,
+        ))
 
     async def _wait_ready(self, key) -> None:
         while not self._ready(key):
@@ -285,7 +329,7 @@ class JobRuntime:
                 for waiter in waiters:
                     waiter.cancel()
 
-    async def acknowledge(self, rank: int, step: int, wait_s: float = 0.0) -> None:
+    async def acknowledge(self, rank: int, step: int) -> None:
         self.consumed_steps[rank] = max(self.consumed_steps.get(rank, -1), step)
         self.trainer_meter.consumed(rank, step)
         dp_rank = self.plan.mesh.coordinate(rank).dp
@@ -294,27 +338,30 @@ class JobRuntime:
             ps.BatchConsumed(step=step, rank=rank, stimulus_id=f"ack-{rank}-{step}"),
         )
 
-    def status(self, max_steps: int = 10_000) -> dict:
-        """A JSON-friendly snapshot for trainers, the demo summary and the dashboard."""
-        return {
-            "job": self.job,
-            "failure": self.failure,
-            "uptime_s": time.time() - self.started,
-            "steps": {str(k): v for k, v in sorted(self.step_summaries.items())[-max_steps:]},
-            "pool_targets": dict(self.pool_targets),
-            "chunks_in_memory": len(self.chunk_futures),
-            "batches_in_memory": len(self.batch_futures),
-            "trainer_wait_s": {str(k): float(v) for k, v in self.wait_seconds.items()},
-            "consumed_steps": {str(k): int(v) for k, v in self.consumed_steps.items()},
-            "counters": {
-                "planned_step": int(self.state.planned_step),
-                "balanced_step": int(self.state.balanced_step),
-                "consumed_step": int(self.state.consumed_step),
-                "chunks_loaded": int(self.state.chunks_in_memory),
-                "truncated": int(self.state.truncated),
-                "skipped": dict(zip(self.state.names, map(int, self.state.skipped))),
-            },
-        }
+    def status(self, max_steps: int = 10_000) -> StatusReply:
+        """A snapshot for trainers, the demo summary and the dashboard (counters from the view)."""
+        view = self.view
+        return StatusReply(
+            job=self.job,
+            failure=self.failure,
+            uptime_s=time.time() - self.started,
+            steps={str(k): v for k, v in sorted(self.step_summaries.items())[-max_steps:]},
+            pool_targets={name: PoolTargetInfo(int(t["workers"]), str(t["reason"]),
+                                               float(t["demand"]), float(t["time"]))
+                          for name, t in self.pool_targets.items()},
+            chunks_in_memory=len(self.chunk_futures),
+            batches_in_memory=len(self.batch_futures),
+            trainer_wait_s={str(k): float(v) for k, v in self.wait_seconds.items()},
+            consumed_steps={str(k): int(v) for k, v in self.consumed_steps.items()},
+            counters=StatusCounters(
+                planned_step=view.planned_step,
+                balanced_step=view.balanced_step,
+                consumed_step=view.consumed_step,
+                chunks_loaded=view.chunks_loaded,
+                truncated=view.truncated,
+                skipped=dict(view.skipped),
+            ),
+        )
 
     # -- lifecycle -------------------------------------------------------------------------------
     def _spawn(self, coro) -> None:

@@ -3,7 +3,8 @@
 Load it with ``dask scheduler --preload scheduler_plugins.planner`` (the embedded cluster does the
 same). It registers named scheduler handlers (``mdata_*``) through which drivers register jobs and
 trainers attach, ask where their next batch is, acknowledge consumption, report metrics and ask for
-checkpoints and sample stories. It installs mdata's worker plugin on every worker, and runs a
+checkpoints and sample stories; each reads and answers the typed messages of
+:mod:`mdata.wire.messages`. It installs mdata's worker plugin on every worker, and runs a
 periodic tick that keeps each job's window of steps in flight. The decisions themselves are made by
 the pure :mod:`mdata.planner`; :mod:`scheduler_plugins.job_runtime` executes them.
 """
@@ -26,6 +27,7 @@ from mdata import planner as ps
 from mdata.checkpoint import Checkpoint
 from mdata.errors import MdataError, PlanError
 from mdata.ids import SampleId
+from mdata.wire import messages as msg
 from scheduler_plugins.dashboard.pages import register_pages
 from scheduler_plugins.dashboard.routes import register_routes
 from scheduler_plugins.job_runtime import JobRuntime, pool_resource
@@ -36,8 +38,8 @@ logger = logging.getLogger("mdata.planner")
 
 PLUGIN = "mdata-planner"
 
-# A preload module is imported before the scheduler builds its dashboard and HTTP routes
-# (DESIGN.md section 9), so registering mdata's pages and JSON routes here puts them on it.
+# A preload module is imported before the scheduler builds its dashboard and HTTP routes, so
+# registering mdata's pages and JSON routes here puts them on it.
 register_pages()
 register_routes()
 
@@ -65,26 +67,27 @@ class PlannerPlugin(SchedulerPlugin):
         self._client = None
         self._client_lock: asyncio.Lock | None = None
         self._periodic: PeriodicCallback | None = None
-        self._handlers: dict[str, Any] = {}
+        self._handlers: dict[str, Any] = {}  # handler name -> the function Dask calls
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self, scheduler) -> None:
         self.scheduler = scheduler
         self._client_lock = asyncio.Lock()
-        self._handlers = {
-            "mdata_register_job": self.register_job,
-            "mdata_batch_location": self.batch_location,
-            "mdata_ack": self.ack,
-            "mdata_report_metrics": self.report_metrics,
-            "mdata_checkpoint": self.checkpoint,
-            "mdata_story": self.story,
-            "mdata_lineage": self.lineage,
-            "mdata_status": self.status,
-            "mdata_jobs": self.list_jobs,
-            "mdata_job_info": self.job_info,
-            "mdata_who_has": self.who_has,
-            "mdata_close_job": self.close_job,
+        served = {
+            msg.RegisterJobRequest: self.register_job,
+            msg.BatchLocationRequest: self.batch_location,
+            msg.AckRequest: self.ack,
+            msg.ReportMetricsRequest: self.report_metrics,
+            msg.CheckpointRequest: self.checkpoint,
+            msg.StoryRequest: self.story,
+            msg.LineageRequest: self.lineage,
+            msg.StatusRequest: self.status,
+            msg.JobsRequest: self.list_jobs,
+            msg.JobInfoRequest: self.job_info,
+            msg.WhoHasRequest: self.who_has,
+            msg.CloseJobRequest: self.close_job,
         }
+        self._handlers = {cls.handler.value: msg.serve(cls, fn) for cls, fn in served.items()}
         scheduler.handlers.update(self._handlers)
         await scheduler.register_worker_plugin(
             None, pickle_dumps(MdataWorkerPlugin()), name=PLUGIN_NAME, idempotent=True
@@ -143,9 +146,10 @@ class PlannerPlugin(SchedulerPlugin):
                 "mdata.driver.submit_job(client, plan, job=...) or pass plan= to the Loader"
             ) from None
 
-    async def register_job(self, job: str, plan: bytes, checkpoint: dict | None = None) -> dict:
+    async def register_job(self, req: msg.RegisterJobRequest) -> msg.JobInfo:
         """Register ``job`` with a pickled Plan; idempotent for the same plan and checkpoint."""
-        plan_obj = pickle.loads(plan).validate_for_delivery()
+        job, checkpoint = req.job, req.checkpoint
+        plan_obj = pickle.loads(req.plan).validate_for_delivery()
         fingerprint = plan_obj.fingerprint()
         existing = self.jobs.get(job)
         if existing is not None:
@@ -184,93 +188,102 @@ class PlannerPlugin(SchedulerPlugin):
         results = await client.gather([futures[n] for n in names])
         return dict(zip(names, results))
 
-    def _job_info(self, runtime: JobRuntime) -> dict:
+    def _job_info(self, runtime: JobRuntime) -> msg.JobInfo:
         mesh = runtime.plan.mesh
-        return {
-            "job": runtime.job,
-            "fingerprint": runtime.plan.fingerprint(),
-            "start_step": int(runtime.state.consumed_step),
-            "broadcast": runtime.plan.broadcast,
-            "mesh": {"dp": mesh.dp, "pp": mesh.pp, "cp": mesh.cp, "tp": mesh.tp, "order": mesh.order},
-            "world_size": mesh.world_size,
-        }
-
-    async def batch_location(self, job: str, rank: int, step: int, timeout: float = 10.0) -> dict:
-        return await self._job(job).batch_location(int(rank), int(step), float(timeout))
-
-    async def ack(self, job: str, rank: int, step: int, wait_s: float = 0.0) -> dict:
-        runtime = self._job(job)
-        await runtime.acknowledge(int(rank), int(step), float(wait_s))
-        return {"status": "OK"}
-
-    async def report_metrics(self, job: str, rank: int, step: int, metrics: dict) -> dict:
-        runtime = self._job(job)
-        await runtime.handle(
-            ps.MetricsReported(step=int(step), rank=int(rank), metrics=dict(metrics),
-                               stimulus_id=f"metrics-{rank}-{step}")
+        return msg.JobInfo(
+            job=runtime.job,
+            fingerprint=runtime.plan.fingerprint(),
+            start_step=runtime.view.consumed_step,
+            broadcast=runtime.plan.broadcast,
+            mesh=msg.MeshShape.of(mesh),
+            world_size=int(mesh.world_size),
         )
-        return {"status": "OK"}
 
-    def checkpoint(self, job: str, step: int) -> dict:
-        return self._job(job).state.checkpoint(int(step)).to_dict()
+    async def batch_location(self, req: msg.BatchLocationRequest) -> msg.BatchLocationReply:
+        return await self._job(req.job).batch_location(req.rank, req.step, req.timeout)
 
-    def story(self, job: str, sample_id: str) -> list[dict]:
+    async def ack(self, req: msg.AckRequest) -> msg.OkReply:
+        await self._job(req.job).acknowledge(req.rank, req.step)
+        return msg.OkReply()
+
+    async def report_metrics(self, req: msg.ReportMetricsRequest) -> msg.OkReply:
+        await self._job(req.job).handle(
+            ps.MetricsReported(step=req.step, rank=req.rank, metrics=dict(req.metrics),
+                               stimulus_id=f"metrics-{req.rank}-{req.step}")
+        )
+        return msg.OkReply()
+
+    async def checkpoint(self, req: msg.CheckpointRequest) -> msg.CheckpointReply:
+        runtime = self._job(req.job)
+        return msg.CheckpointReply(await runtime.read_state(lambda state: state.checkpoint(req.step)))
+
+    async def story(self, req: msg.StoryRequest) -> msg.StoryReply:
         """Every occurrence (one per epoch) of ``source/shard/row``: loaded, planned, delivered..."""
-        sid = SampleId.parse(sample_id)
-        graph = self._job(job).state.dgraph
-        if sid.source not in graph.sources:
-            raise MdataError(f"unknown source {sid.source!r} in sample id {sample_id!r}; sources: {list(graph.sources)}")
-        return [
-            {"lineage_id": int(i), "events": _jsonable(graph.story(int(i)))}
-            for i in graph.find(sid.source, sid.shard, sid.row)
-        ]
+        sid = SampleId.parse(req.sample_id)
 
-    def lineage(self, job: str, steps: int) -> dict:
+        def read(state) -> msg.StoryReply:
+            graph = state.dgraph
+            if sid.source not in graph.sources:
+                raise MdataError(f"unknown source {sid.source!r} in sample id {req.sample_id!r}; "
+                                 f"sources: {list(graph.sources)}")
+            return msg.StoryReply(tuple(
+                msg.StoryOccurrence(int(i), tuple(_jsonable(graph.story(int(i)))))
+                for i in graph.find(sid.source, sid.shard, sid.row)
+            ))
+
+        return await self._job(req.job).read_state(read)
+
+    async def lineage(self, req: msg.LineageRequest) -> msg.LineageReply:
         """Planned sample ids per step and DP rank, from the DGraph (for exactly-once checks)."""
-        runtime = self._job(job)
-        graph = runtime.state.dgraph
-        table = graph.samples_table
-        cols = [table.column(c) for c in ("source_index", "shard", "row")]
-        out: dict[str, dict[str, list]] = {}
-        for step in range(int(steps)):
-            out[str(step)] = {}
-            for dp in range(runtime.plan.mesh.dp):
-                ids = graph.samples(step, dp)
-                out[str(step)][str(dp)] = np.stack([c[ids] for c in cols], axis=1).tolist()
-        # lineage retention may have forgotten the oldest steps: check what is kept
-        report = graph.verify_exactly_once(graph.forgotten_before, max(int(steps), graph.forgotten_before),
-                                           require_consumed=True)
-        return {
-            "samples": out,
-            "forgotten_before": int(graph.forgotten_before),
-            "exactly_once": {"ok": report.ok, "samples": int(report.samples),
-                             "skipped": int(report.skipped), "problems": list(report.problems)},
-        }
+        runtime = self._job(req.job)
+        steps, dp = req.steps, runtime.plan.mesh.dp
 
-    def status(self, job: str) -> dict:
-        return self._job(job).status()
+        def read(state) -> msg.LineageReply:
+            graph = state.dgraph
+            table = graph.samples_table
+            cols = [table.column(c) for c in ("source_index", "shard", "row")]
+            out: dict[str, dict[str, list]] = {}
+            for step in range(steps):
+                out[str(step)] = {}
+                for rank in range(dp):
+                    ids = graph.samples(step, rank)
+                    out[str(step)][str(rank)] = np.stack([c[ids] for c in cols], axis=1).tolist()
+            # lineage retention may have forgotten the oldest steps: check what is kept
+            report = graph.verify_exactly_once(graph.forgotten_before, max(steps, graph.forgotten_before),
+                                               require_consumed=True)
+            return msg.LineageReply(
+                samples=out,
+                forgotten_before=int(graph.forgotten_before),
+                exactly_once=msg.ExactlyOnce(bool(report.ok), int(report.samples),
+                                             int(report.skipped), tuple(report.problems)),
+            )
 
-    def job_info(self, job: str) -> dict:
-        return self._job_info(self._job(job))
+        return await runtime.read_state(read)
 
-    def list_jobs(self) -> list[str]:
-        return sorted(self.jobs)
+    def status(self, req: msg.StatusRequest) -> msg.StatusReply:
+        return self._job(req.job).status()
 
-    def who_has(self, keys: list) -> dict:
+    def job_info(self, req: msg.JobInfoRequest) -> msg.JobInfo:
+        return self._job_info(self._job(req.job))
+
+    def list_jobs(self, req: msg.JobsRequest) -> msg.JobsReply:
+        return msg.JobsReply(tuple(sorted(self.jobs)))
+
+    def who_has(self, req: msg.WhoHasRequest) -> msg.WhoHasReply:
         tasks = self.scheduler.tasks
         out = []
-        for key in keys:
+        for key in req.keys:
             ts = tasks.get(as_key(key))
             # None: the scheduler forgot the chunk (its job released it), so nobody will load it
             # again and a constructor waiting for it should give up now, not at its deadline.
-            out.append(None if ts is None else [ws.address for ws in ts.who_has or ()])
-        return {"who_has": out}
+            out.append(None if ts is None else tuple(ws.address for ws in ts.who_has or ()))
+        return msg.WhoHasReply(tuple(out))
 
-    async def close_job(self, job: str) -> dict:
-        runtime = self.jobs.pop(job, None)
+    async def close_job(self, req: msg.CloseJobRequest) -> msg.OkReply:
+        runtime = self.jobs.pop(req.job, None)
         if runtime is not None:
             await runtime.close()
-        return {"status": "OK"}
+        return msg.OkReply()
 
 
 def _client_security(security):

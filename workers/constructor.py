@@ -12,14 +12,14 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import numpy as np
-
 from mdata.batch import DPBatch, build_dp_batch
 from mdata.errors import MdataError
-from workers.loader import HANDLER_TAKE_ROWS, as_key
+from mdata.wire.messages import (
+    ConstructSpec, GetBatchReply, GetBatchRequest, NoHandlerError, Status, TakeRowsRequest,
+    WhoHasRequest, ask,
+)
+from workers.loader import as_key
 
-HANDLER_GET_BATCH = "mdata_get_batch"
-SCHEDULER_WHO_HAS = "mdata_who_has"
 PULL_ATTEMPT_S = 10.0  # one attempt to pull a chunk's rows from one loader
 
 
@@ -34,8 +34,8 @@ class ChunkReleasedError(ChunkUnavailableError):
 async def _who_has(worker, keys: list) -> list[list[str] | None]:
     """Where each chunk lives now, according to the scheduler (one round trip for all keys);
     ``None`` for a chunk the scheduler has forgotten."""
-    reply = await getattr(worker.scheduler, SCHEDULER_WHO_HAS)(keys=[list(k) for k in keys])
-    return [None if addresses is None else list(addresses) for addresses in reply["who_has"]]
+    reply = await ask(worker.scheduler, WhoHasRequest(tuple(keys)))
+    return [None if addresses is None else list(addresses) for addresses in reply.who_has]
 
 
 async def _pull_rows(worker, key, indices, addresses: list[str], deadline: float):
@@ -51,15 +51,16 @@ async def _pull_rows(worker, key, indices, addresses: list[str], deadline: float
         for address in addresses:
             try:
                 reply = await asyncio.wait_for(
-                    getattr(worker.rpc(address), HANDLER_TAKE_ROWS)(key=list(key), indices=indices),
+                    ask(worker.rpc(address), TakeRowsRequest(key, tuple(indices))),
                     timeout=PULL_ATTEMPT_S,
                 )
             except (OSError, asyncio.TimeoutError):
                 continue  # that worker is gone or stuck; ask the scheduler where the chunk is now
-            # anything else (missing, or no reply from a worker that is shutting down and has
-            # dropped its handlers) means: ask the scheduler where the chunk lives now
-            if isinstance(reply, dict) and reply.get("status") == "OK":
-                return reply["chunk"]
+            except NoHandlerError:
+                continue  # a worker that is shutting down has dropped its handlers
+            # anything else (missing) means: ask the scheduler where the chunk lives now
+            if reply.status is Status.OK:
+                return reply.chunk
         if time.monotonic() > deadline:
             raise ChunkUnavailableError(
                 f"chunk {key} is held by no live worker (last tried {addresses}); the loader pool "
@@ -76,67 +77,65 @@ def _known(addresses: list[str] | None, key) -> list[str]:
     return addresses
 
 
-def construct_task(spec: dict[str, Any]) -> DPBatch:
+def construct_task(msg: dict[str, Any]) -> DPBatch:
     """Dask task body: assemble one DP group's batch for one step from rows held by loaders.
 
-    ``spec`` (built by the Planner plugin) holds ``step``, ``dp_rank``, ``chunks`` (list of
-    ``(key, indices, who_has)``), and the per-sample assignment columns in the same order as the
-    concatenated pulled rows: ``micro_batch``, ``position``, ``lengths``, ``sample_ids`` plus
-    ``num_micro_batches``, ``max_tokens``, ``cp``, ``wait_s``.
+    ``msg`` is a :class:`~mdata.wire.messages.ConstructSpec` as built by the Planner plugin
+    (``ConstructSpec.to_msg()``): the chunks to pull (key, row indices, who held them), the
+    per-sample assignment columns in the order of the concatenated pulled rows, the plan's batch
+    settings and how long to wait for a chunk.
     """
     from distributed import get_worker
     from distributed.utils import sync
 
+    spec = ConstructSpec.from_msg(msg)
     worker = get_worker()
-    deadline = time.monotonic() + float(spec.get("wait_s", 120.0))
+    deadline = time.monotonic() + spec.wait_s
 
     async def pull_all():
         import asyncio
 
-        keys = [as_key(key) for key, _, _ in spec["chunks"]]
+        keys = [as_key(pull.key) for pull in spec.chunks]
         # The Planner's who_has is from submission time; a loader may have died since.
         current = await _who_has(worker, keys)
         return await asyncio.gather(
             *(
-                _pull_rows(worker, key, list(map(int, indices)), _known(where, key) or list(hint),
+                _pull_rows(worker, key, list(pull.indices), _known(where, key) or list(pull.who_has),
                            deadline)
-                for key, (_, indices, hint), where in zip(keys, spec["chunks"], current)
+                for key, pull, where in zip(keys, spec.chunks, current)
             )
         )
 
     pieces = sync(worker.loop, pull_all)
     return build_dp_batch(
-        spec["step"],
-        spec["dp_rank"],
+        spec.step,
+        spec.dp_rank,
         pieces,
-        np.asarray(spec["micro_batch"]),
-        np.asarray(spec["position"]),
-        np.asarray(spec["lengths"]),
-        np.asarray(spec["sample_ids"]),
-        spec["num_micro_batches"],
-        max_tokens=spec["max_tokens"],
-        cp=spec["cp"],
-        pad_id=spec.get("pad_id", 0),
-        image_token_id=spec.get("image_token_id"),
+        spec.micro_batch,
+        spec.position,
+        spec.lengths,
+        spec.sample_ids,
+        spec.num_micro_batches,
+        max_tokens=spec.max_tokens,
+        cp=spec.cp,
+        pad_id=spec.pad_id,
+        image_token_id=spec.image_token_id,
     )
 
 
 def make_get_batch_handler(worker):
-    """Build the worker handler that serves one trainer rank its slice of a finished batch
-    (``cp_rank=None``: the whole sequence, for the receiver under ``broadcast_at("cp")``)."""
-    from distributed.protocol import to_serialize
+    """Build the function behind ``mdata_get_batch``: one trainer rank's slice of a finished batch
+    (``cp_rank=None``: the whole sequence, for the receiver under ``broadcast_at("cp")``; register
+    it with :func:`mdata.wire.messages.serve`)."""
 
-    def get_batch_handler(
-        key, cp_rank: int | None, receives_tokens: bool, receives_labels: bool
-    ) -> dict:
-        key = as_key(key)
+    def get_batch(req: GetBatchRequest) -> GetBatchReply:
         try:
-            dp_batch = worker.data[key]
+            dp_batch = worker.data[req.key]
         except KeyError:
-            return {"status": "missing", "key": key}
+            return GetBatchReply(Status.MISSING, req.key)
         batch = dp_batch.for_rank(
-            cp_rank, receives_tokens=receives_tokens, receives_labels=receives_labels
+            req.cp_rank, receives_tokens=req.receives_tokens, receives_labels=req.receives_labels
         )
-        return {"status": "OK", "batch": to_serialize(batch)}
+        return GetBatchReply(Status.OK, req.key, batch)
 
-    return get_batch_handler
+    return get_batch

@@ -15,8 +15,7 @@ from typing import Any
 import numpy as np
 
 from mdata.sources import Source, SampleChunk, default_reader_cache, load_chunk
-
-HANDLER_TAKE_ROWS = "mdata_take_rows"
+from mdata.wire.messages import Status, TakeRowsReply, TakeRowsRequest
 
 
 def load_chunk_task(source: Source, shard: int, start: int, stop: int) -> SampleChunk:
@@ -45,16 +44,14 @@ def as_key(key: Any) -> Any:
 
 
 def make_take_rows_handler(worker):
-    """Build the worker handler that serves exact rows of a chunk held in this worker's memory."""
-    from distributed.protocol import to_serialize
+    """Build the function behind ``mdata_take_rows``: exact rows of a chunk held in this worker's
+    memory (register it with :func:`mdata.wire.messages.serve`)."""
 
-    def take_rows_handler(key, indices) -> dict:
-        key = as_key(key)
+    def take_rows(req: TakeRowsRequest) -> TakeRowsReply:
         try:
-            chunk = worker.data[key]
+            chunk = worker.data[req.key]
         except KeyError:
-            return {"status": "missing", "key": key}
-        idx = np.asarray(indices, dtype=np.int64)
-        return {"status": "OK", "chunk": to_serialize(chunk.take(idx))}
+            return TakeRowsReply(Status.MISSING, req.key)
+        return TakeRowsReply(Status.OK, req.key, chunk.take(np.asarray(req.indices, dtype=np.int64)))
 
-    return take_rows_handler
+    return take_rows

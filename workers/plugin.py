@@ -10,8 +10,9 @@ from __future__ import annotations
 from distributed.diagnostics.plugin import WorkerPlugin
 
 import mdata.wire.frames  # noqa: F401  registers the batch wire format on this worker
-from workers.constructor import HANDLER_GET_BATCH, make_get_batch_handler
-from workers.loader import HANDLER_TAKE_ROWS, make_take_rows_handler
+from mdata.wire.messages import GetBatchRequest, TakeRowsRequest, serve
+from workers.constructor import make_get_batch_handler
+from workers.loader import make_take_rows_handler
 
 PLUGIN_NAME = "mdata-worker"
 
@@ -23,9 +24,9 @@ class MdataWorkerPlugin(WorkerPlugin):
     name = PLUGIN_NAME
 
     def setup(self, worker) -> None:
-        worker.handlers[HANDLER_TAKE_ROWS] = make_take_rows_handler(worker)
-        worker.handlers[HANDLER_GET_BATCH] = make_get_batch_handler(worker)
+        worker.handlers[TakeRowsRequest.handler.value] = serve(TakeRowsRequest, make_take_rows_handler(worker))
+        worker.handlers[GetBatchRequest.handler.value] = serve(GetBatchRequest, make_get_batch_handler(worker))
 
     def teardown(self, worker) -> None:
-        for name in (HANDLER_TAKE_ROWS, HANDLER_GET_BATCH):
-            worker.handlers.pop(name, None)
+        for request in (TakeRowsRequest, GetBatchRequest):
+            worker.handlers.pop(request.handler.value, None)

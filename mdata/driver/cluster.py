@@ -154,9 +154,10 @@ class PoolAutoscaler:
         """Read the job's targets once and apply the pool changes they imply; returns them."""
         import time
 
+        from mdata.driver.job import JobHandle
         from mdata.pool_scaling import pool_targets
 
-        status = self.client.sync(self.client.scheduler.mdata_status, job=self.job)
+        status = JobHandle(self.client, self.job).status()
         pools = {name: spec.sources for name, spec in self.cluster.pools.items()}
         decisions = pool_targets(pools, status["pool_targets"], min_workers=self.min_workers,
                                  max_workers=self.max_workers)

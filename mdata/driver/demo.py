@@ -105,8 +105,7 @@ def run_demo(*, steps: int = 20, json_path: str | None = None, data_dir: str = "
     from distributed import Client
     from tqdm import tqdm
 
-    from mdata.driver import submit_job
-    from mdata.driver import start_cluster
+    from mdata.driver import JobHandle, start_cluster, submit_job
     from mdata.data.example import build_example_corpus, example_sources
 
     say = (lambda *a: None) if quiet else print
@@ -146,7 +145,7 @@ def run_demo(*, steps: int = 20, json_path: str | None = None, data_dir: str = "
                     break
             except Exception:
                 pass
-            status = client.sync(client.scheduler.mdata_status, job=DEMO_JOB)
+            status = JobHandle(client, DEMO_JOB).status()
             consumed = status["consumed_steps"]
             now = min(consumed.values()) + 1 if len(consumed) == world else 0
             if now > done_steps:
@@ -156,11 +155,12 @@ def run_demo(*, steps: int = 20, json_path: str | None = None, data_dir: str = "
                 break
         bar.update(max(0, steps - done_steps) if len(results) == world else 0)
         bar.close()
-        status = client.sync(client.scheduler.mdata_status, job=DEMO_JOB)
-        lineage = client.sync(client.scheduler.mdata_lineage, job=DEMO_JOB, steps=steps)
+        handle = JobHandle(client, DEMO_JOB)
+        status = handle.status()
+        lineage = handle.lineage(steps)
         for p in procs:
             p.join(timeout=30)
-        client.sync(client.scheduler.mdata_close_job, job=DEMO_JOB)
+        handle.close()
     errors = [r["error"] for r in results.values() if "error" in r]
     if errors or len(results) < world:
         print("demo FAILED: " + ("; ".join(errors) or "trainers did not finish in time"), file=sys.stderr)

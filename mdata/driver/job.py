@@ -1,9 +1,10 @@
 """A driver-side handle on one running job: its status, the story of a sample, its checkpoints.
 
 The Planner answers questions through named scheduler handlers (``mdata_status``, ``mdata_story``,
-``mdata_checkpoint``...). Calling them by hand means remembering handler names, wrapping each call
-in ``client.sync`` and turning the tuples Dask's comms deliver back into lists. :class:`JobHandle`
-does that once, so a notebook or a driver script reads like the questions it asks::
+``mdata_checkpoint``...). Calling them by hand means remembering handler names and argument names,
+wrapping each call in ``client.sync`` and turning the tuples Dask's comms deliver back into lists.
+:class:`JobHandle` does that once, with the typed messages of :mod:`mdata.wire.messages` (which
+check every reply), so a notebook or a driver script reads like the questions it asks::
 
     job = JobHandle.submit(client, plan, job="pretrain")
     job.status()["counters"]["consumed_step"]
@@ -12,7 +13,7 @@ does that once, so a notebook or a driver script reads like the questions it ask
 
 It holds no state of its own beyond the client and the job name: everything it returns is read
 from the Planner at the time of the call, so several handles (or processes) can watch one job.
-This module talks to the scheduler only through handler names; it imports no Dask server code.
+This module talks to the scheduler only through those messages; it imports no Dask server code.
 """
 
 from __future__ import annotations
@@ -26,17 +27,12 @@ import numpy as np
 
 from mdata.errors import MdataError
 from mdata.ids import SampleId
+from mdata.wire.messages import (
+    CheckpointRequest, CloseJobRequest, JobInfoRequest, JobsRequest, LineageRequest, Request,
+    StatusRequest, StoryRequest, ask_sync,
+)
 
 __all__ = ["JobHandle", "SampleStory", "Occurrence"]
-
-
-def _plain(value: Any) -> Any:
-    """Tuples that Dask's comms deliver for lists become lists again (recursively)."""
-    if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
 
 
 def _as_sample_id(sample_id: SampleId | str | Sequence[Any]) -> SampleId:
@@ -134,7 +130,7 @@ class JobHandle:
     @classmethod
     def submit(cls, client, plan, *, job: str = "default", checkpoint: Mapping | None = None) -> "JobHandle":
         """Register ``plan`` as ``job`` (idempotent for the same plan) and return its handle."""
-        from mdata.driver import submit_job
+        from mdata.trainer.loader import submit_job
 
         submit_job(client, plan, job=job, checkpoint=None if checkpoint is None else dict(checkpoint))
         handle = cls(client, job)
@@ -155,21 +151,21 @@ class JobHandle:
     @staticmethod
     def jobs(client) -> list[str]:
         """Names of the jobs registered with the cluster's Planner."""
-        return list(client.sync(client.scheduler.mdata_jobs))
+        return list(ask_sync(client, JobsRequest()).jobs)
 
-    def _call(self, handler: str, **kwargs: Any) -> Any:
-        return _plain(self.client.sync(getattr(self.client.scheduler, handler), job=self.job, **kwargs))
+    def _ask(self, request: Request) -> Any:
+        return ask_sync(self.client, request)
 
     # -- questions ---------------------------------------------------------------------------------
     def info(self) -> dict[str, Any]:
         """Fingerprint, mesh, world size and the first step trainers receive."""
-        return self._call("mdata_job_info")
+        return self._ask(JobInfoRequest(self.job)).to_msg()
 
     def status(self) -> dict[str, Any]:
         """A snapshot: per-step summaries (``steps``, keyed by step as a string), counters
         (planned / balanced / consumed step, chunks, truncated and skipped samples), per-rank
         consumption and wait time, pool targets, and ``failure`` (None while the job is healthy)."""
-        return self._call("mdata_status")
+        return self._ask(StatusRequest(self.job)).to_msg()
 
     def step_summaries(self) -> list[dict[str, Any]]:
         """The per-step summaries of :meth:`status`, as a list sorted by step."""
@@ -183,10 +179,8 @@ class JobHandle:
     def story(self, sample_id: SampleId | str | Sequence[Any]) -> SampleStory:
         """Where one sample (``SampleId``, ``"source/shard/row"`` or a tuple) came from and went."""
         sid = _as_sample_id(sample_id)
-        reply = self._call("mdata_story", sample_id=str(sid))
-        occurrences = tuple(
-            Occurrence(int(item["lineage_id"]), tuple(item["events"])) for item in reply
-        )
+        reply = self._ask(StoryRequest(self.job, sample_id=str(sid)))
+        occurrences = tuple(Occurrence(o.lineage_id, tuple(o.events)) for o in reply.occurrences)
         return SampleStory(self.job, sid, occurrences)
 
     def checkpoint(self, step: int | None = None) -> dict[str, Any]:
@@ -195,12 +189,12 @@ class JobHandle:
         to replay the same samples from there."""
         if step is None:
             step = self.consumed_step()
-        return self._call("mdata_checkpoint", step=int(step))
+        return self._ask(CheckpointRequest(self.job, step=int(step))).checkpoint.to_dict()
 
     def lineage(self, steps: int) -> dict[str, Any]:
         """Planned sample ids per step and DP rank for steps ``[0, steps)``, and the exactly-once
         report over them (``exactly_once``: ``ok``, ``samples``, ``skipped``, ``problems``)."""
-        return self._call("mdata_lineage", steps=int(steps))
+        return self._ask(LineageRequest(self.job, steps=int(steps))).to_msg()
 
     def source_names(self) -> tuple[str, ...]:
         """The plan's source names; ``source_index`` in batches refers to this order."""
@@ -228,7 +222,7 @@ class JobHandle:
 
     def close(self) -> None:
         """Close the job on the cluster: its chunks and batches are released (idempotent)."""
-        self._call("mdata_close_job")
+        self._ask(CloseJobRequest(self.job))
 
     def __repr__(self) -> str:
         return f"JobHandle(job={self.job!r}, scheduler={self.client.scheduler.address!r})"

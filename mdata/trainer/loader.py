@@ -7,6 +7,10 @@ worker that built it (``direct_to_workers``: bulk data never passes through the 
 background thread prefetches a few steps ahead; tensors land in pinned host memory and move to the
 GPU on a side stream when CUDA is available. ``state_dict()`` records the checkpoint that travelled
 with the last batch the *caller* consumed, never how far prefetching ran.
+
+Every call is a typed message of :mod:`mdata.wire.messages`. When the job fails, the Loader raises
+the error that failed it, as its own class with its fields (a corrupt shard arrives as a
+``CorruptShardError`` with ``source``, ``shard`` and ``row``), noted with this rank and step.
 """
 
 from __future__ import annotations
@@ -20,6 +24,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from mdata.errors import MeshError, TrainerError, TrainerTimeoutError
+from mdata.wire.messages import (
+    AckRequest, BatchLocation, BatchLocationRequest, GetBatchRequest, JobInfo, JobInfoRequest,
+    JobsRequest, NoHandlerError, RegisterJobRequest, ReportMetricsRequest, Status, ask, ask_sync,
+)
 
 __all__ = ["Loader", "submit_job", "default_device"]
 
@@ -48,15 +56,14 @@ def submit_job(client, plan, *, job: str = "default", checkpoint: dict | None = 
 
     Returns the job's info: fingerprint, mesh, and the first step trainers will receive.
     """
+    return _register(client, plan, job=job, checkpoint=checkpoint).to_msg()
+
+
+def _register(client, plan, *, job: str, checkpoint: dict | None) -> JobInfo:
     import mdata.wire.frames  # noqa: F401  the wire format must be known before batches arrive
 
     plan.validate_for_delivery()
-    return client.sync(
-        client.scheduler.mdata_register_job,
-        job=job,
-        plan=pickle.dumps(plan),
-        checkpoint=checkpoint,
-    )
+    return ask_sync(client, RegisterJobRequest(job=job, plan=pickle.dumps(plan), checkpoint=checkpoint))
 
 
 def default_device():
@@ -119,7 +126,7 @@ class Loader:
         self.device = default_device() if device is None else device
         self.plan = plan
         self.client, self._owns_client = _connect(cluster, self.timeout, security)
-        self.info: dict | None = None
+        self.info: dict | None = None  # the job's info (JobInfo.to_msg()), once attached
         self.broadcast_source: int | None = None
         self._delivery = None  # what the constructor sends this rank (mdata.mesh.Delivery)
         self._restore: dict | None = checkpoint
@@ -135,28 +142,25 @@ class Loader:
         """Register (or find) the job and check this rank against its mesh; done on first use."""
         if self.info is None:
             if self.plan is not None:
-                info = submit_job(self.client, self.plan, job=self.job, checkpoint=self._restore)
+                info = _register(self.client, self.plan, job=self.job, checkpoint=self._restore)
             else:
                 info = self._wait_for_job(self.job)
             self._validate_mesh(info)
-            self.info = info
-            self._next_step = int(info["start_step"])
-            from mdata.mesh import ClientPlaceTree
-
-            m = info["mesh"]
-            mesh = ClientPlaceTree(dp=m["dp"], pp=m["pp"], cp=m["cp"], tp=m["tp"], order=m["order"])
+            self.info = info.to_msg()
+            self._next_step = info.start_step
+            mesh = info.mesh.place_tree()
             # Under broadcast_at(axis) only the axis' first rank receives, and it receives all its
             # group needs (the whole sequence for "cp"); the others get the batch from it over the
             # GPU interconnect, so this Loader yields only who to receive from.
-            self.broadcast_source = mesh.broadcast_source(self.rank, info.get("broadcast"))
-            self._delivery = mesh.delivery(self.rank, info.get("broadcast"))
+            self.broadcast_source = mesh.broadcast_source(self.rank, info.broadcast)
+            self._delivery = mesh.delivery(self.rank, info.broadcast)
         return self.info
 
-    def _wait_for_job(self, job: str) -> dict:
+    def _wait_for_job(self, job: str) -> JobInfo:
         deadline = time.monotonic() + self.timeout
         while True:
-            if job in self.client.sync(self.client.scheduler.mdata_jobs):
-                return self.client.sync(self.client.scheduler.mdata_job_info, job=job)
+            if job in ask_sync(self.client, JobsRequest()).jobs:
+                return ask_sync(self.client, JobInfoRequest(job))
             if time.monotonic() > deadline:
                 raise TrainerTimeoutError(
                     f"rank {self.rank}: job {job!r} was not registered within {self.timeout:.0f}s; "
@@ -164,12 +168,12 @@ class Loader:
                 )
             time.sleep(0.2)
 
-    def _validate_mesh(self, info: dict) -> None:
-        if info["world_size"] != self.world_size:
-            m = info["mesh"]
+    def _validate_mesh(self, info: JobInfo) -> None:
+        if info.world_size != self.world_size:
+            m = info.mesh
             raise MeshError(
-                f"job {self.job!r} plans for mesh dp={m['dp']} pp={m['pp']} cp={m['cp']} tp={m['tp']} "
-                f"(world size {info['world_size']}), but this trainer says WORLD_SIZE={self.world_size}"
+                f"job {self.job!r} plans for mesh dp={m.dp} pp={m.pp} cp={m.cp} tp={m.tp} "
+                f"(world size {info.world_size}), but this trainer says WORLD_SIZE={self.world_size}"
             )
         if not 0 <= self.rank < self.world_size:
             raise MeshError(f"rank {self.rank} is outside the world of {self.world_size} ranks")
@@ -217,12 +221,10 @@ class Loader:
                     continue
                 location = self._locate(step)
                 batch = self._fetch(location)
-                self.client.sync(
-                    self.client.scheduler.mdata_ack, job=self.job, rank=self.rank, step=step
-                )
+                ask_sync(self.client, AckRequest(job=self.job, rank=self.rank, step=step))
                 tensors = batch_to_torch(batch, device=self.device)
                 self.fetch_seconds += time.monotonic() - began
-                item = (step, {"step": step, **tensors}, location["checkpoint"])
+                item = (step, {"step": step, **tensors}, dict(location.checkpoint))
                 while not self._stop.is_set():
                     try:
                         self._queue.put(item, timeout=0.2)
@@ -233,19 +235,17 @@ class Loader:
         except BaseException as exc:  # surface every failure to the consumer, never hang it
             self._queue.put(exc)
 
-    def _locate(self, step: int) -> dict:
+    def _locate(self, step: int) -> BatchLocation:
         deadline = time.monotonic() + self.timeout
         while True:
             poll = max(0.1, min(self.poll_interval, deadline - time.monotonic()))
-            reply = self.client.sync(
-                self.client.scheduler.mdata_batch_location,
-                job=self.job, rank=self.rank, step=step, timeout=poll,
-            )
-            status = reply["status"]
-            if status == "OK":
-                return reply
-            if status == "failed":
-                raise TrainerError(f"rank {self.rank}, step {step}: {reply['error']}")
+            reply = ask_sync(self.client, BatchLocationRequest(
+                job=self.job, rank=self.rank, step=step, timeout=poll))
+            if reply.status is Status.OK:
+                return reply.location
+            if reply.status is Status.FAILED:
+                # the error that failed the job, as its own class (a CorruptShardError...)
+                raise reply.failure(f"rank {self.rank}, step {step}")
             if self._stop.is_set():
                 raise TrainerError("loader closed")
             if time.monotonic() > deadline:
@@ -254,26 +254,26 @@ class Loader:
                     f"{self.timeout:.0f}s; check the Planner's dashboard for a stalled source pool"
                 )
 
-    def _fetch(self, location: dict):
+    def _fetch(self, location: BatchLocation):
+        delivery = self._delivery  # what this rank receives under the plan's broadcast axis
+        request = GetBatchRequest(key=location.key, cp_rank=delivery.cp_rank,
+                                  receives_tokens=delivery.receives_tokens,
+                                  receives_labels=delivery.receives_labels)
+
         async def pull():
-            last_error = None
-            for address in location["who_has"]:
+            last_error: object = None
+            for address in location.who_has:
                 try:
-                    reply = await self.client.rpc(address).mdata_get_batch(
-                        key=location["key"],
-                        cp_rank=self._delivery.cp_rank,
-                        receives_tokens=self._delivery.receives_tokens,
-                        receives_labels=self._delivery.receives_labels,
-                    )
-                except OSError as exc:
+                    reply = await ask(self.client.rpc(address), request)
+                except (OSError, NoHandlerError) as exc:  # gone, or shutting down
                     last_error = exc
                     continue
-                if isinstance(reply, dict) and reply.get("status") == "OK":
-                    return reply["batch"]
-                last_error = f"{address} answered {reply!r:.200}"
+                if reply.status is Status.OK:
+                    return reply.batch
+                last_error = f"{address} answered {reply.status.value} for {list(reply.key)}"
             raise TrainerError(
-                f"rank {self.rank}: batch {location['key']} is on no reachable constructor "
-                f"({location['who_has']}): {last_error}"
+                f"rank {self.rank}: batch {list(location.key)} is on no reachable constructor "
+                f"({list(location.who_has)}): {last_error}"
             )
 
         return self.client.sync(pull)
@@ -300,10 +300,10 @@ class Loader:
 
     def report_metrics(self, step: int, metrics: dict[str, float]) -> None:
         """Send training metrics (e.g. per-source loss) to metric-driven mixture policies."""
-        self.client.sync(
-            self.client.scheduler.mdata_report_metrics,
-            job=self.job, rank=self.rank, step=int(step), metrics={k: float(v) for k, v in metrics.items()},
-        )
+        ask_sync(self.client, ReportMetricsRequest(
+            job=self.job, rank=self.rank, step=int(step),
+            metrics={k: float(v) for k, v in metrics.items()},
+        ))
 
     def close(self) -> None:
         stop = getattr(self, "_stop", None)

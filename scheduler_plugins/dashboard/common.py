@@ -107,9 +107,9 @@ def job_message(scheduler, runtime: "JobRuntime | None") -> str:
         return NO_PLANNER
     if runtime is None:
         return NO_JOB
-    state = runtime.state
-    text = (f"job <b>{runtime.job}</b>: balanced {int(state.balanced_step)} steps, "
-            f"consumed {int(state.consumed_step)}")
+    view = runtime.view  # the Planner's published snapshot (scheduler_plugins.planner_view)
+    text = (f"job <b>{runtime.job}</b>: balanced {view.balanced_step} steps, "
+            f"consumed {view.consumed_step}")
     if runtime.failure:
         text += f"; <b>failed</b>: {runtime.failure.splitlines()[0]}"
     return text

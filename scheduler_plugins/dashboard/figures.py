@@ -3,10 +3,11 @@
 Panels and routes both call these functions, so what a page draws and what ``/mdata/api/...``
 answers are the same numbers. Each function reads one job's runtime (step summaries recorded from
 the Planner's ``StepReady`` instructions, pool targets with their reasons, the meters of
-:mod:`mdata.observe`) and the scheduler's worker table; none of them changes anything. They run on
-the scheduler's event loop, where the runtime's own bookkeeping runs, so they see it consistently;
-only the DGraph is also written by the planning thread, which is why :func:`story_rows` is called
-with the runtime's lock free (see its docstring).
+:mod:`mdata.observe`, the Planner's counters from its published ``view``) and the scheduler's
+worker table; none of them changes anything. They run on the scheduler's event loop, where the
+runtime's own bookkeeping runs, so they see it consistently; the Planner's state itself is written
+by the planning thread, so only :func:`story_rows` reads it (its DGraph), with the runtime's lock
+held or free (see its docstring and :mod:`scheduler_plugins.planner_view`).
 """
 
 from __future__ import annotations
@@ -34,17 +35,17 @@ def _steps(runtime: "JobRuntime") -> list[dict]:
 
 def job_summary(runtime: "JobRuntime") -> dict[str, Any]:
     """One line of ``/mdata/api/jobs``: identity, progress and health of a job."""
-    state = runtime.state
+    view = runtime.view
     return {
         "job": runtime.job,
         "fingerprint": runtime.plan.fingerprint(),
-        "sources": list(state.names),
+        "sources": list(view.names),
         "world_size": runtime.plan.mesh.world_size,
         "dp": runtime.plan.mesh.dp,
         "uptime_s": time.time() - runtime.started,
-        "planned_step": int(state.planned_step),
-        "balanced_step": int(state.balanced_step),
-        "consumed_step": int(state.consumed_step),
+        "planned_step": view.planned_step,
+        "balanced_step": view.balanced_step,
+        "consumed_step": view.consumed_step,
         "failure": runtime.failure,
     }
 
@@ -84,7 +85,7 @@ def mixture_figures(runtime: "JobRuntime", *, last: int | None = None) -> dict[s
     is its share of all samples so far, which is what an exact mixture keeps on target. ``last``
     keeps only the newest steps (cumulative shares still count every step).
     """
-    names = list(runtime.state.names)
+    names = list(runtime.view.names)
     steps = _steps(runtime)
     out: dict[str, Any] = {"job": runtime.job, "sources": names,
                            "steps": [int(s["step"]) for s in steps]}
@@ -165,8 +166,9 @@ def story_rows(runtime: "JobRuntime", sample_id: str) -> list[dict[str, Any]]:
     """Every event of every occurrence (one per epoch) of ``source/shard/row``, in order.
 
     Each row has the keys of :data:`STORY_COLUMNS` (``None`` where an event has no such field).
-    Call it only while ``runtime.lock`` is free: the planning thread appends to the DGraph while
-    the lock is held, and reading it then could see a step half recorded.
+    Call it holding ``runtime.lock``, or on the event loop after checking that the lock is free:
+    the planning thread appends to the DGraph while the lock is held, and reading it then could
+    see a step half recorded.
     """
     try:
         sid = SampleId.parse(sample_id)

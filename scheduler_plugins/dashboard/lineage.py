@@ -23,7 +23,9 @@ PLACEHOLDER = "source/shard/row"
 
 
 def example_sample_id(runtime) -> str | None:
-    """The first sample planned for DP rank 0 at the oldest balanced step: a useful placeholder."""
+    """The first sample planned for DP rank 0 at the oldest balanced step: a useful placeholder.
+
+    Reads the DGraph: call it with ``runtime.lock`` free (see the module docstring)."""
     graph = runtime.state.dgraph
     for step in sorted(runtime.step_summaries):
         ids = graph.samples(step, 0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import json
 import math
 import os
 import signal
@@ -18,7 +19,7 @@ from conftest import run_loaders
 from mdata.driver import submit_job
 from mdata.trainer import Loader
 from mdata.cost import AttentionCost
-from mdata.errors import MdataError, TrainerError
+from mdata.errors import CorruptShardError, MdataError, SourceError, TrainerError
 from mdata.mesh import ClientPlaceTree
 from mdata.plan import Plan
 from mdata.sources import Source, TokenizeText
@@ -55,6 +56,40 @@ def test_a_missing_column_fails_the_job_and_every_trainer_hears_why(client, exam
         run_loaders(client, job="missing-column", world_size=2, steps=2, timeout=60)
     assert "part-00000.parquet" in str(info.value) or "shard" in str(info.value)
     assert time.monotonic() - began < 60  # surfaced, not waited out
+
+
+def test_a_corrupt_shard_reaches_the_trainer_as_its_own_error_class(client, example_sources_small,
+                                                                    tmp_path):
+    """The 'code' source as JSON Lines whose shard 1 starts with a broken line: the load fails on
+    a loader worker, and the trainer's Loader raises that CorruptShardError itself (a SourceError
+    naming source, shard and row, caught by type), not a TrainerError wrapping its text."""
+    code = by_name(example_sources_small)["code"]
+    (field,) = code.fields
+    folder = tmp_path / "code"
+    folder.mkdir()
+    for i, path in enumerate(sorted(glob.glob(str(Path(code.url).parent / "*.parquet")))):
+        lines = [json.dumps({field: text}) for text in pq.read_table(path).column(field).to_pylist()]
+        if i == 1:
+            lines[0] = lines[0][: len(lines[0]) // 2]  # cut in half: not JSON any more
+        (folder / f"part-{i:05d}.jsonl").write_text("\n".join(lines) + "\n")
+    broken = dataclasses.replace(code, url=str(folder / "*.jsonl"), format="jsonl")
+    plan = plan_for([by_name(example_sources_small)["chat"], broken])
+    submit_job(client, plan, job="corrupt")
+    began = time.monotonic()
+    with pytest.raises(CorruptShardError) as info:
+        run_loaders(client, job="corrupt", world_size=2, steps=200, timeout=60)
+    err = info.value
+    assert isinstance(err, SourceError) and not isinstance(err, TrainerError)
+    assert err.source == "code"
+    assert Path(str(err.shard)).name == "part-00001.jsonl"
+    assert err.row == 0
+    assert "not valid JSON" in err.message and err.hint
+    # the trainer says where it heard it, and the Planner's reason travels with it
+    assert any(note.startswith("rank ") and "loading source 'code'" in note for note in err.__notes__)
+    assert time.monotonic() - began < 60  # surfaced, not waited out
+    status = client.sync(client.scheduler.mdata_status, job="corrupt")
+    assert "part-00001.jsonl" in status["failure"]
+    client.sync(client.scheduler.mdata_close_job, job="corrupt")
 
 
 def test_undecodable_images_are_skipped_within_tolerance_and_counted(client, example_sources_small,

@@ -1,0 +1,211 @@
+"""Messages of a construct task: its spec (from the Planner), where chunks live (asked of the
+Planner) and the rows it pulls from loaders.
+
+* Planner -> constructor: :class:`ConstructSpec`, the argument of the construct task;
+* constructor -> Planner: :class:`WhoHasRequest`;
+* constructor -> loader: :class:`TakeRowsRequest`, answered with a
+  :class:`~mdata.sources.SampleChunk` as a ``to_serialize`` object, as it always travelled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from mdata.sources.chunk import SampleChunk
+from mdata.wire.codec import (
+    Handler, Message, Reader, Request, Status, check_int, check_str, int_array, int_tuple, key_msg,
+    key_of, list_of, serialized,
+)
+
+__all__ = [
+    "WhoHasRequest", "WhoHasReply", "TakeRowsRequest", "TakeRowsReply", "ChunkPull", "ConstructSpec",
+]
+
+
+# -- Planner -> constructor ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class ChunkPull(Message):
+    """Rows ``indices`` of the chunk under ``key``, held (when the step was planned) by ``who_has``."""
+
+    key: tuple
+    indices: tuple[int, ...]
+    who_has: tuple[str, ...]
+
+    def to_msg(self) -> list:
+        return [key_msg(self.key), list(self.indices), list(self.who_has)]
+
+    @classmethod
+    def read(cls, value: Any, r: Reader, name: str) -> "ChunkPull":
+        if not isinstance(value, (list, tuple)) or len(value) != 3:
+            raise r.fail(name, f"must be [key, indices, who_has], got {value!r:.80}")
+        key, indices, who_has = value
+        return cls(key_of(key, r, name), int_tuple(indices, r, f"{name} indices"),
+                   list_of(check_str)(who_has, r, f"{name} who_has"))
+
+
+@dataclass(frozen=True, eq=False)
+class ConstructSpec(Message):
+    """Everything a construct task needs to build the batch of one DP group for one step.
+
+    ``chunks`` are pulled in order and their rows concatenated; the per-sample columns
+    (``micro_batch``, ``position``, ``lengths``, ``sample_ids`` as ``[source_index, shard, row]``)
+    follow that order. ``max_tokens``, ``cp``, ``pad_id`` and ``image_token_id`` come from the
+    plan; ``wait_s`` is how long to wait for a chunk (``constructor.chunk-wait``). Every field is
+    required: the Planner's configuration is the one source of these values. On the wire (a
+    Dask task argument) the columns stay numpy arrays.
+    """
+
+    step: int
+    dp_rank: int
+    chunks: tuple[ChunkPull, ...]
+    micro_batch: np.ndarray
+    position: np.ndarray
+    lengths: np.ndarray
+    sample_ids: np.ndarray
+    num_micro_batches: int
+    max_tokens: int
+    cp: int
+    pad_id: int
+    image_token_id: int | None
+    wait_s: float
+
+    _ARRAYS = ("micro_batch", "position", "lengths", "sample_ids")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ConstructSpec):
+            return NotImplemented
+        return all(
+            np.array_equal(getattr(self, f), getattr(other, f)) if f in self._ARRAYS
+            else getattr(self, f) == getattr(other, f)
+            for f in self.__dataclass_fields__
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def to_msg(self) -> dict[str, Any]:
+        return {
+            "step": self.step, "dp_rank": self.dp_rank, "chunks": [c.to_msg() for c in self.chunks],
+            "micro_batch": self.micro_batch, "position": self.position, "lengths": self.lengths,
+            "sample_ids": self.sample_ids, "num_micro_batches": self.num_micro_batches,
+            "max_tokens": self.max_tokens, "cp": self.cp, "pad_id": self.pad_id,
+            "image_token_id": self.image_token_id, "wait_s": self.wait_s,
+        }
+
+    @classmethod
+    def from_msg(cls, msg: Any) -> "ConstructSpec":
+        r = Reader(cls.__name__, msg)
+        chunks = r.list("chunks", ChunkPull.read)
+        columns = {f: int_array(r.raw(f), r, f, ndim=2 if f == "sample_ids" else 1)
+                   for f in cls._ARRAYS}
+        n = sum(len(c.indices) for c in chunks)
+        for f, array in columns.items():
+            if array.shape[0] != n or (f == "sample_ids" and array.shape[1:] != (3,)):
+                raise r.fail(f, f"has shape {array.shape}, but the chunks hold {n} rows"
+                             + (" (expected [n, 3])" if f == "sample_ids" else ""))
+        out = cls(
+            step=r.int("step"), dp_rank=r.int("dp_rank"), chunks=chunks, **columns,
+            num_micro_batches=r.int("num_micro_batches"), max_tokens=r.int("max_tokens"),
+            cp=r.int("cp"), pad_id=r.int("pad_id"),
+            image_token_id=r.optional("image_token_id", check_int, required=True),
+            wait_s=r.float("wait_s"),
+        )
+        r.done()
+        return out
+
+
+# -- constructor -> Planner ----------------------------------------------------------------------
+def _addresses(value: Any, r: Reader, name: str) -> tuple[str, ...] | None:
+    return None if value is None else list_of(check_str)(value, r, name)
+
+
+@dataclass(frozen=True)
+class WhoHasReply(Message):
+    """Per key: the workers holding it, or None when the scheduler forgot it (its job released
+    it: nobody will load it again)."""
+
+    who_has: tuple[tuple[str, ...] | None, ...]
+
+    def to_msg(self) -> dict[str, Any]:
+        return {"who_has": [None if w is None else list(w) for w in self.who_has]}
+
+    @classmethod
+    def from_msg(cls, msg: Any) -> "WhoHasReply":
+        r = Reader(cls.__name__, msg)
+        out = cls(r.list("who_has", _addresses))
+        r.done()
+        return out
+
+
+@dataclass(frozen=True)
+class WhoHasRequest(Request):
+    """Where do these chunk task keys live now?"""
+
+    handler = Handler.WHO_HAS
+    reply = WhoHasReply
+
+    keys: tuple[tuple, ...]
+
+    def to_msg(self) -> dict[str, Any]:
+        return {"keys": [key_msg(k) for k in self.keys]}
+
+    @classmethod
+    def from_msg(cls, msg: Any) -> "WhoHasRequest":
+        r = Reader(cls.__name__, msg)
+        out = cls(r.list("keys", key_of))
+        r.done()
+        return out
+
+
+# -- worker handlers -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TakeRowsReply(Message):
+    """``OK`` with the requested rows (a :class:`SampleChunk`), or ``MISSING`` with the ``key``."""
+
+    status: Status
+    key: tuple
+    chunk: SampleChunk | None = None
+
+    def to_msg(self) -> dict[str, Any]:
+        if self.status is Status.OK:
+            return {"status": self.status.value, "chunk": serialized(self.chunk)}
+        return {"status": self.status.value, "key": key_msg(self.key)}
+
+    @classmethod
+    def from_msg(cls, msg: Any) -> "TakeRowsReply":
+        r = Reader(cls.__name__, msg)
+        status = r.enum("status", Status)
+        if status is Status.OK:
+            chunk = r.raw("chunk")
+            if not isinstance(chunk, SampleChunk):
+                raise r.fail("chunk", f"must be a SampleChunk, got {type(chunk).__name__}")
+            out = cls(status, (), chunk)
+        elif status is Status.MISSING:
+            out = cls(status, key_of(r.raw("key"), r, "key"))
+        else:
+            raise r.fail("status", f"must be OK or missing, got {status.value!r}")
+        r.done()
+        return out
+
+
+@dataclass(frozen=True)
+class TakeRowsRequest(Request):
+    """Rows ``indices`` (positions among the chunk's kept rows) of the chunk held under ``key``."""
+
+    handler = Handler.TAKE_ROWS
+    reply = TakeRowsReply
+
+    key: tuple
+    indices: tuple[int, ...]
+
+    def to_msg(self) -> dict[str, Any]:
+        return {"key": key_msg(self.key), "indices": list(self.indices)}
+
+    @classmethod
+    def from_msg(cls, msg: Any) -> "TakeRowsRequest":
+        r = Reader(cls.__name__, msg)
+        out = cls(key_of(r.raw("key"), r, "key"), int_tuple(r.raw("indices"), r, "indices"))
+        r.done()
+        return out

@@ -1,0 +1,237 @@
+"""Messages a trainer sends: where is my batch, I consumed it, my metrics, give me my slice.
+
+* trainer -> Planner: :class:`BatchLocationRequest` (a long poll), :class:`AckRequest`,
+  :class:`ReportMetricsRequest`;
+* trainer -> constructor: :class:`GetBatchRequest`, answered with the rank's
+  :class:`~mdata.batch.Batch` as a ``to_serialize`` object (its own frames, :mod:`mdata.wire.frames`),
+  as it always travelled.
+
+A failed batch-location reply carries the typed error that failed the job
+(:mod:`mdata.wire.errors`), so the trainer raises the same class with the same fields.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from mdata.batch import Batch
+from mdata.errors import MdataError, TrainerError
+from mdata.wire.codec import (
+    Handler, Message, Reader, Request, Status, check_float, check_int, check_str, key_msg, key_of, serialized,
+)
+from mdata.wire.errors import bad_field, error_from_msg, error_to_msg
+from mdata.wire.jobs import OkReply, read_checkpoint
+
+__all__ = [
+    "BatchLocationRequest", "BatchLocation", "BatchLocationReply", "AckRequest",
+    "ReportMetricsRequest", "GetBatchRequest", "GetBatchReply",
+]
+
+
+# -- trainer -> Planner --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BatchLocation(Message):
+    """Where the batch of a step is (task ``key`` on the constructors ``who_has``), this rank's
+    slice of it, and the checkpoint of having consumed that step (``Checkpoint.to_dict()``)."""
+
+    key: tuple
+    who_has: tuple[str, ...]
+    cp_rank: int
+    receives_tokens: bool
+    receives_labels: bool
+    checkpoint: Mapping[str, Any]
+
+    def to_msg(self) -> dict[str, Any]:
+        return {"key": key_msg(self.key), "who_has": list(self.who_has), "cp_rank": self.cp_rank,
+                "receives_tokens": self.receives_tokens, "receives_labels": self.receives_labels,
+                "checkpoint": self.checkpoint}
+
+    @classmethod
+    def read(cls, r: Reader) -> "BatchLocation":
+        key = key_of(r.raw("key"), r, "key")
+        who_has = r.list("who_has", check_str)
+        cp_rank, tokens, labels = r.int("cp_rank"), r.bool("receives_tokens"), r.bool("receives_labels")
+        checkpoint = read_checkpoint(r.raw("checkpoint"), r, "checkpoint")
+        return cls(key, who_has, cp_rank, tokens, labels, checkpoint.to_dict())
+
+
+@dataclass(frozen=True)
+class BatchLocationReply(Message):
+    """``OK`` with a :class:`BatchLocation`; ``TIMEOUT`` (ask again); or ``FAILED`` with the
+    ``reason`` (text) and, when the failure was an :class:`MdataError`, that ``error`` itself, so
+    the trainer raises the same class with the same fields (:mod:`mdata.wire.errors`)."""
+
+    status: Status
+    location: BatchLocation | None = None
+    reason: str | None = None
+    error: MdataError | None = None
+
+    def __post_init__(self) -> None:
+        name = type(self).__name__
+        if (self.status is Status.OK) != (self.location is not None):
+            raise bad_field(name, "location", f"is required with status OK and only then (status {self.status.value})")
+        if (self.status is Status.FAILED) != (self.reason is not None):
+            raise bad_field(name, "reason", f"is required with status failed and only then (status {self.status.value})")
+        if self.status not in (Status.OK, Status.FAILED, Status.TIMEOUT):
+            raise bad_field(name, "status", f"must be OK, failed or timeout, got {self.status.value}")
+
+    def to_msg(self) -> dict[str, Any]:
+        msg: dict[str, Any] = {"status": self.status.value}
+        if self.location is not None:
+            msg.update(self.location.to_msg())
+        if self.status is Status.FAILED:
+            msg["reason"] = self.reason
+            msg["error"] = None if self.error is None else error_to_msg(self.error)
+        return msg
+
+    @classmethod
+    def from_msg(cls, msg: Any) -> "BatchLocationReply":
+        r = Reader(cls.__name__, msg)
+        status = r.enum("status", Status)
+        location = reason = error = None
+        if status is Status.OK:
+            location = BatchLocation.read(r)
+        elif status is Status.FAILED:
+            reason = r.str("reason")
+            raw_error = r.raw("error", None)
+            error = None if raw_error is None else error_from_msg(raw_error)
+        r.done()
+        return cls(status, location, reason, error)
+
+    def failure(self, context: str) -> MdataError:
+        """The error a trainer raises for a ``FAILED`` reply: the typed error that failed the job
+        (with ``context: reason`` added as a note; call it once per reply), else a TrainerError
+        saying the same."""
+        if self.error is not None:
+            self.error.add_note(f"{context}: {self.reason}")
+            return self.error
+        return TrainerError(f"{context}: {self.reason}")
+
+
+@dataclass(frozen=True)
+class BatchLocationRequest(Request):
+    """Long poll: where is the batch of ``step`` for trainer ``rank``? Answered within ``timeout``
+    seconds (``TIMEOUT`` then)."""
+
+    handler = Handler.BATCH_LOCATION
+    reply = BatchLocationReply
+
+    job: str
+    rank: int
+    step: int
+    timeout: float
+
+    def to_msg(self) -> dict[str, Any]:
+        return {"job": self.job, "rank": self.rank, "step": self.step, "timeout": self.timeout}
+
+    @classmethod
+    def from_msg(cls, msg: Any) -> "BatchLocationRequest":
+        r = Reader(cls.__name__, msg)
+        out = cls(r.str("job"), r.int("rank"), r.int("step"), r.float("timeout"))
+        r.done()
+        return out
+
+
+@dataclass(frozen=True)
+class AckRequest(Request):
+    """Trainer ``rank`` consumed its batch of ``step``."""
+
+    handler = Handler.ACK
+    reply = OkReply
+
+    job: str
+    rank: int
+    step: int
+
+    def to_msg(self) -> dict[str, Any]:
+        return {"job": self.job, "rank": self.rank, "step": self.step}
+
+    @classmethod
+    def from_msg(cls, msg: Any) -> "AckRequest":
+        r = Reader(cls.__name__, msg)
+        out = cls(r.str("job"), r.int("rank"), r.int("step"))
+        r.done()
+        return out
+
+
+@dataclass(frozen=True)
+class ReportMetricsRequest(Request):
+    """Training metrics of ``step`` from ``rank`` (e.g. per-source loss) for metric-driven mixtures."""
+
+    handler = Handler.REPORT_METRICS
+    reply = OkReply
+
+    job: str
+    rank: int
+    step: int
+    metrics: Mapping[str, float]
+
+    def to_msg(self) -> dict[str, Any]:
+        return {"job": self.job, "rank": self.rank, "step": self.step,
+                "metrics": {k: float(v) for k, v in self.metrics.items()}}
+
+    @classmethod
+    def from_msg(cls, msg: Any) -> "ReportMetricsRequest":
+        r = Reader(cls.__name__, msg)
+        out = cls(r.str("job"), r.int("rank"), r.int("step"), r.mapping("metrics", check_float))
+        r.done()
+        return out
+
+
+@dataclass(frozen=True)
+class GetBatchReply(Message):
+    """``OK`` with this rank's :class:`~mdata.batch.Batch`, or ``MISSING`` with the ``key``."""
+
+    status: Status
+    key: tuple
+    batch: Batch | None = None
+
+    def to_msg(self) -> dict[str, Any]:
+        if self.status is Status.OK:
+            return {"status": self.status.value, "batch": serialized(self.batch)}
+        return {"status": self.status.value, "key": key_msg(self.key)}
+
+    @classmethod
+    def from_msg(cls, msg: Any) -> "GetBatchReply":
+        r = Reader(cls.__name__, msg)
+        status = r.enum("status", Status)
+        if status is Status.OK:
+            batch = r.raw("batch")
+            if not isinstance(batch, Batch):
+                raise r.fail("batch", f"must be a Batch, got {type(batch).__name__}")
+            out = cls(status, (), batch)
+        elif status is Status.MISSING:
+            out = cls(status, key_of(r.raw("key"), r, "key"))
+        else:
+            raise r.fail("status", f"must be OK or missing, got {status.value!r}")
+        r.done()
+        return out
+
+
+@dataclass(frozen=True)
+class GetBatchRequest(Request):
+    """This rank's slice of the batch held under ``key``: its CP piece, and tokens / labels only
+    where its pipeline stage needs them."""
+
+    handler = Handler.GET_BATCH
+    reply = GetBatchReply
+
+    key: tuple
+    cp_rank: int | None  # None: the whole sequence (the receiver under broadcast_at("cp"))
+    receives_tokens: bool
+    receives_labels: bool
+
+    def to_msg(self) -> dict[str, Any]:
+        return {"key": key_msg(self.key), "cp_rank": self.cp_rank,
+                "receives_tokens": self.receives_tokens, "receives_labels": self.receives_labels}
+
+    @classmethod
+    def from_msg(cls, msg: Any) -> "GetBatchRequest":
+        r = Reader(cls.__name__, msg)
+        out = cls(key_of(r.raw("key"), r, "key"), r.optional("cp_rank", check_int, required=True),
+                  r.bool("receives_tokens"),
+                  r.bool("receives_labels"))
+        r.done()
+        return out

@@ -1,0 +1,260 @@
+"""Messages that inspect a running job: its status, the story of one sample, the lineage of steps.
+
+Drivers, notebooks and the demo send them to the Planner (see :mod:`mdata.wire.messages`). Replies
+keep the shapes the handlers always answered with (a status is a dict with ``counters``, a story a
+list of occurrences, lineage a dict of steps), so a notebook calling
+``client.scheduler.mdata_status(job=...)`` by hand reads the same data as
+:class:`~mdata.driver.JobHandle`, which goes through these classes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from mdata.wire.codec import (
+    Handler, Message, Reader, check_dict, check_float, check_int, check_mapping, check_str,
+)
+from mdata.wire.jobs import JobRequest
+
+__all__ = [
+    "StatusRequest", "StatusReply", "StatusCounters", "PoolTargetInfo", "StoryRequest",
+    "StoryReply", "StoryOccurrence", "LineageRequest", "LineageReply", "ExactlyOnce",
+]
+
+
+# -- status --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StatusCounters(Message):
+    """How far the Planner got: first step not apportioned / balanced / consumed by every group."""
+
+    planned_step: int
+    balanced_step: int
+    consumed_step: int
+    chunks_loaded: int
+    truncated: int
+    skipped: Mapping[str, int]
+
+    def to_msg(self) -> dict[str, Any]:
+        return {"planned_step": self.planned_step, "balanced_step": self.balanced_step,
+                "consumed_step": self.consumed_step, "chunks_loaded": self.chunks_loaded,
+                "truncated": self.truncated, "skipped": dict(self.skipped)}
+
+    @classmethod
+    def from_msg(cls, msg: Any) -> "StatusCounters":
+        r = Reader(cls.__name__, msg)
+        out = cls(r.int("planned_step"), r.int("balanced_step"), r.int("consumed_step"),
+                  r.int("chunks_loaded"), r.int("truncated"), r.mapping("skipped", check_int))
+        r.done()
+        return out
+
+
+@dataclass(frozen=True)
+class PoolTargetInfo(Message):
+    """The Planner's latest size target for one source's loader pool, and why."""
+
+    workers: int
+    reason: str
+    demand: float
+    time: float
+
+    def to_msg(self) -> dict[str, Any]:
+        return {"workers": self.workers, "reason": self.reason, "demand": self.demand, "time": self.time}
+
+    @classmethod
+    def from_msg(cls, msg: Any) -> "PoolTargetInfo":
+        r = Reader(cls.__name__, msg)
+        out = cls(r.int("workers"), r.str("reason"), r.float("demand"), r.float("time"))
+        r.done()
+        return out
+
+
+def _pool_target(value: Any, r: Reader, name: str) -> PoolTargetInfo:
+    return PoolTargetInfo.from_msg(value)
+
+
+@dataclass(frozen=True)
+class StatusReply(Message):
+    """A snapshot of one job: per-step summaries (``steps``, keyed by the step as a string),
+    counters, pool targets, per-rank consumption and wait, and ``failure`` (None while healthy)."""
+
+    job: str
+    failure: str | None
+    uptime_s: float
+    steps: Mapping[str, Mapping[str, Any]]
+    pool_targets: Mapping[str, PoolTargetInfo]
+    chunks_in_memory: int
+    batches_in_memory: int
+    trainer_wait_s: Mapping[str, float]
+    consumed_steps: Mapping[str, int]
+    counters: StatusCounters
+
+    def to_msg(self) -> dict[str, Any]:
+        return {
+            "job": self.job,
+            "failure": self.failure,
+            "uptime_s": self.uptime_s,
+            "steps": {k: dict(v) for k, v in self.steps.items()},
+            "pool_targets": {k: v.to_msg() for k, v in self.pool_targets.items()},
+            "chunks_in_memory": self.chunks_in_memory,
+            "batches_in_memory": self.batches_in_memory,
+            "trainer_wait_s": dict(self.trainer_wait_s),
+            "consumed_steps": dict(self.consumed_steps),
+            "counters": self.counters.to_msg(),
+        }
+
+    @classmethod
+    def from_msg(cls, msg: Any) -> "StatusReply":
+        r = Reader(cls.__name__, msg)
+        out = cls(
+            job=r.str("job"),
+            failure=r.optional("failure", check_str, required=True),
+            uptime_s=r.float("uptime_s"),
+            steps=r.mapping("steps", check_dict),
+            pool_targets=r.mapping("pool_targets", _pool_target),
+            chunks_in_memory=r.int("chunks_in_memory"),
+            batches_in_memory=r.int("batches_in_memory"),
+            trainer_wait_s=r.mapping("trainer_wait_s", check_float),
+            consumed_steps=r.mapping("consumed_steps", check_int),
+            counters=StatusCounters.from_msg(r.raw("counters")),
+        )
+        r.done()
+        return out
+
+
+@dataclass(frozen=True)
+class StatusRequest(JobRequest):
+    handler = Handler.STATUS
+    reply = StatusReply
+
+
+# -- story and lineage ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StoryOccurrence(Message):
+    """One occurrence of a sample (one per epoch): its lineage id and events, in order."""
+
+    lineage_id: int
+    events: tuple[Mapping[str, Any], ...]
+
+    def to_msg(self) -> dict[str, Any]:
+        return {"lineage_id": self.lineage_id, "events": [dict(e) for e in self.events]}
+
+    @classmethod
+    def from_msg(cls, msg: Any) -> "StoryOccurrence":
+        r = Reader(cls.__name__, msg)
+        out = cls(r.int("lineage_id"), r.list("events", check_dict))
+        r.done()
+        return out
+
+
+@dataclass(frozen=True)
+class StoryReply(Message):
+    """Every occurrence of one sample (on the wire: a plain list)."""
+
+    occurrences: tuple[StoryOccurrence, ...]
+
+    def to_msg(self) -> list[dict[str, Any]]:
+        return [o.to_msg() for o in self.occurrences]
+
+    @classmethod
+    def from_msg(cls, msg: Any) -> "StoryReply":
+        r = Reader(cls.__name__, {"occurrences": msg})
+        return cls(r.list("occurrences", lambda v, _r, _f: StoryOccurrence.from_msg(v)))
+
+
+@dataclass(frozen=True)
+class StoryRequest(JobRequest):
+    """The story of ``sample_id`` (``source/shard/row``): loaded, planned, delivered, consumed."""
+
+    handler = Handler.STORY
+    reply = StoryReply
+
+    sample_id: str = field(kw_only=True)
+
+    def to_msg(self) -> dict[str, Any]:
+        return {"job": self.job, "sample_id": self.sample_id}
+
+    @classmethod
+    def from_msg(cls, msg: Any) -> "StoryRequest":
+        r = Reader(cls.__name__, msg)
+        out = cls(r.str("job"), sample_id=r.str("sample_id"))
+        r.done()
+        return out
+
+
+@dataclass(frozen=True)
+class ExactlyOnce(Message):
+    """The DGraph's exactly-once report over the steps it still keeps."""
+
+    ok: bool
+    samples: int
+    skipped: int
+    problems: tuple[str, ...]
+
+    def to_msg(self) -> dict[str, Any]:
+        return {"ok": self.ok, "samples": self.samples, "skipped": self.skipped,
+                "problems": list(self.problems)}
+
+    @classmethod
+    def from_msg(cls, msg: Any) -> "ExactlyOnce":
+        r = Reader(cls.__name__, msg)
+        out = cls(r.bool("ok"), r.int("samples"), r.int("skipped"), r.list("problems", check_str))
+        r.done()
+        return out
+
+
+def _id_rows(value: Any, r: Reader, name: str) -> list[list[int]]:
+    """Sample ids of one (step, DP rank) as ``[[source_index, shard, row], ...]``."""
+    if not isinstance(value, (list, tuple)):
+        raise r.fail(name, f"must be a list of [source_index, shard, row], got {value!r:.80}")
+    try:
+        rows = np.asarray(value, dtype=np.int64).reshape(len(value), 3) if value else np.zeros((0, 3))
+    except (TypeError, ValueError):
+        raise r.fail(name, f"must be a list of [source_index, shard, row] integers, got {value!r:.80}") from None
+    return rows.astype(np.int64).tolist()
+
+
+@dataclass(frozen=True)
+class LineageReply(Message):
+    """Planned sample ids per step (``samples[str(step)][str(dp_rank)]``), the first step the
+    DGraph still keeps, and the exactly-once report over what it keeps."""
+
+    samples: Mapping[str, Mapping[str, list[list[int]]]]
+    forgotten_before: int
+    exactly_once: ExactlyOnce
+
+    def to_msg(self) -> dict[str, Any]:
+        return {"samples": {s: dict(by_dp) for s, by_dp in self.samples.items()},
+                "forgotten_before": self.forgotten_before,
+                "exactly_once": self.exactly_once.to_msg()}
+
+    @classmethod
+    def from_msg(cls, msg: Any) -> "LineageReply":
+        r = Reader(cls.__name__, msg)
+        out = cls(r.mapping("samples", lambda v, rr, f: check_mapping(v, rr, f, _id_rows)),
+                  r.int("forgotten_before"), ExactlyOnce.from_msg(r.raw("exactly_once")))
+        r.done()
+        return out
+
+
+@dataclass(frozen=True)
+class LineageRequest(JobRequest):
+    """Lineage of steps ``[0, steps)``."""
+
+    handler = Handler.LINEAGE
+    reply = LineageReply
+
+    steps: int = field(kw_only=True)
+
+    def to_msg(self) -> dict[str, Any]:
+        return {"job": self.job, "steps": self.steps}
+
+    @classmethod
+    def from_msg(cls, msg: Any) -> "LineageRequest":
+        r = Reader(cls.__name__, msg)
+        out = cls(r.str("job"), steps=r.int("steps"))
+        r.done()
+        return out

@@ -1,0 +1,225 @@
+"""Messages that manage jobs: register, info, list, checkpoint, close. Drivers and trainers send
+them to the Planner (see :mod:`mdata.wire.messages` for the whole catalogue).
+
+Replies keep the shapes the handlers always answered with (job info is a dict with ``mesh``, a
+checkpoint its ``Checkpoint.to_dict()``...), so a notebook calling a handler by hand reads the same
+data as :class:`~mdata.driver.JobHandle`, which goes through these classes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from mdata.checkpoint import Checkpoint
+from mdata.errors import CheckpointError
+from mdata.mesh import ClientPlaceTree
+from mdata.wire.codec import Handler, Message, Reader, Request, Status, check_dict, check_str
+
+__all__ = [
+    "OkReply", "RegisterJobRequest", "JobInfoRequest", "JobInfo", "MeshShape", "JobsRequest",
+    "JobsReply", "CloseJobRequest", "CheckpointRequest", "CheckpointReply", "JobRequest",
+    "read_checkpoint",
+]
+
+
+@dataclass(frozen=True)
+class OkReply(Message):
+    """The answer of a handler that only confirms (ack, metrics, close job)."""
+
+    def to_msg(self) -> dict[str, Any]:
+        return {"status": Status.OK.value}
+
+    @classmethod
+    def from_msg(cls, msg: Any) -> "OkReply":
+        r = Reader(cls.__name__, msg)
+        status = r.enum("status", Status)
+        r.done()
+        if status is not Status.OK:
+            raise r.fail("status", f"must be {Status.OK.value!r}, got {status.value!r}")
+        return cls()
+
+
+def read_checkpoint(value: Any, r: Reader, name: str) -> Checkpoint:
+    """A checkpoint dict inside a reply, checked by :meth:`Checkpoint.from_dict`."""
+    try:
+        return Checkpoint.from_dict(check_dict(value, r, name))
+    except CheckpointError as exc:
+        raise r.fail(name, f"is not a checkpoint: {exc}") from None
+
+
+# -- register, info, list ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class MeshShape(Message):
+    """A job's device mesh as trainers learn it (enough to rebuild the ClientPlaceTree)."""
+
+    dp: int
+    pp: int
+    cp: int
+    tp: int
+    order: str
+
+    @classmethod
+    def of(cls, mesh: ClientPlaceTree) -> "MeshShape":
+        return cls(int(mesh.dp), int(mesh.pp), int(mesh.cp), int(mesh.tp), str(mesh.order))
+
+    def place_tree(self) -> ClientPlaceTree:
+        return ClientPlaceTree(dp=self.dp, pp=self.pp, cp=self.cp, tp=self.tp, order=self.order)
+
+    def to_msg(self) -> dict[str, Any]:
+        return {"dp": self.dp, "pp": self.pp, "cp": self.cp, "tp": self.tp, "order": self.order}
+
+    @classmethod
+    def from_msg(cls, msg: Any) -> "MeshShape":
+        r = Reader(cls.__name__, msg)
+        out = cls(r.int("dp"), r.int("pp"), r.int("cp"), r.int("tp"), r.str("order"))
+        r.done()
+        return out
+
+
+@dataclass(frozen=True)
+class JobInfo(Message):
+    """Identity of a registered job: plan fingerprint, mesh, and the first step trainers get."""
+
+    job: str
+    fingerprint: str
+    start_step: int
+    broadcast: str | None
+    mesh: MeshShape
+    world_size: int
+
+    def to_msg(self) -> dict[str, Any]:
+        return {"job": self.job, "fingerprint": self.fingerprint, "start_step": self.start_step,
+                "broadcast": self.broadcast, "mesh": self.mesh.to_msg(), "world_size": self.world_size}
+
+    @classmethod
+    def from_msg(cls, msg: Any) -> "JobInfo":
+        r = Reader(cls.__name__, msg)
+        out = cls(r.str("job"), r.str("fingerprint"), r.int("start_step"),
+                  r.optional("broadcast", check_str, required=True), MeshShape.from_msg(r.raw("mesh")),
+                  r.int("world_size"))
+        r.done()
+        return out
+
+
+@dataclass(frozen=True)
+class RegisterJobRequest(Request):
+    """Register ``plan`` as ``job`` (idempotent for the same plan); optionally resume from
+    ``checkpoint`` (a ``Checkpoint.to_dict()``; the Planner checks it and raises CheckpointError).
+
+    ``plan`` is the pickled :class:`~mdata.plan.Plan`, as it has always travelled.
+    """
+
+    handler = Handler.REGISTER_JOB
+    reply = JobInfo
+
+    job: str
+    plan: bytes
+    checkpoint: Mapping[str, Any] | None = None
+
+    def to_msg(self) -> dict[str, Any]:
+        return {"job": self.job, "plan": bytes(self.plan),
+                "checkpoint": None if self.checkpoint is None else dict(self.checkpoint)}
+
+    @classmethod
+    def from_msg(cls, msg: Any) -> "RegisterJobRequest":
+        r = Reader(cls.__name__, msg)
+        out = cls(r.str("job"), r.bytes("plan"), r.optional("checkpoint", check_dict))
+        r.done()
+        return out
+
+
+@dataclass(frozen=True)
+class JobRequest(Request):
+    """A request about one job, named by ``job``."""
+
+    job: str
+
+    def to_msg(self) -> dict[str, Any]:
+        return {"job": self.job}
+
+    @classmethod
+    def from_msg(cls, msg: Any):
+        r = Reader(cls.__name__, msg)
+        out = cls(r.str("job"))
+        r.done()
+        return out
+
+
+@dataclass(frozen=True)
+class JobInfoRequest(JobRequest):
+    handler = Handler.JOB_INFO
+    reply = JobInfo
+
+
+@dataclass(frozen=True)
+class JobsReply(Message):
+    """Names of the registered jobs, sorted (on the wire: a plain list)."""
+
+    jobs: tuple[str, ...]
+
+    def to_msg(self) -> list[str]:
+        return list(self.jobs)
+
+    @classmethod
+    def from_msg(cls, msg: Any) -> "JobsReply":
+        r = Reader(cls.__name__, {"jobs": msg})
+        return cls(r.list("jobs", check_str))
+
+
+@dataclass(frozen=True)
+class JobsRequest(Request):
+    handler = Handler.JOBS
+    reply = JobsReply
+
+    def to_msg(self) -> dict[str, Any]:
+        return {}
+
+    @classmethod
+    def from_msg(cls, msg: Any) -> "JobsRequest":
+        Reader(cls.__name__, msg).done()
+        return cls()
+
+
+@dataclass(frozen=True)
+class CloseJobRequest(JobRequest):
+    """Close the job: its chunks and batches are released (idempotent)."""
+
+    handler = Handler.CLOSE_JOB
+    reply = OkReply
+
+
+# -- checkpoint ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CheckpointReply(Message):
+    """The job's checkpoint (on the wire: ``Checkpoint.to_dict()`` itself)."""
+
+    checkpoint: Checkpoint
+
+    def to_msg(self) -> dict[str, Any]:
+        return self.checkpoint.to_dict()
+
+    @classmethod
+    def from_msg(cls, msg: Any) -> "CheckpointReply":
+        return cls(read_checkpoint(msg, Reader(cls.__name__, {}), "checkpoint"))
+
+
+@dataclass(frozen=True)
+class CheckpointRequest(JobRequest):
+    """The checkpoint as of having consumed every step before ``step``."""
+
+    handler = Handler.CHECKPOINT
+    reply = CheckpointReply
+
+    step: int = field(kw_only=True)
+
+    def to_msg(self) -> dict[str, Any]:
+        return {"job": self.job, "step": self.step}
+
+    @classmethod
+    def from_msg(cls, msg: Any) -> "CheckpointRequest":
+        r = Reader(cls.__name__, msg)
+        out = cls(r.str("job"), step=r.int("step"))
+        r.done()
+        return out

@@ -1,0 +1,297 @@
+"""The typed messages between mdata processes (mdata.wire.messages) and typed errors
+(mdata.wire.errors): round trips through to_msg/from_msg, through msgpack as Dask's comms pack it,
+through distributed's protocol for the replies that carry batches and chunks, and clear errors on
+bad fields."""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+
+import msgpack
+import numpy as np
+import pytest
+from distributed.protocol import dumps, loads
+
+import mdata.wire.frames  # noqa: F401  the batch wire format, as on workers and trainers
+from mdata.batch import Batch, build_dp_batch
+from mdata.checkpoint import Checkpoint
+from mdata.errors import (
+    BatchError, CorruptShardError, MdataError, SourceError, TrainerError,
+)
+from mdata.sources.chunk import SampleChunk
+from mdata.wire import messages as m
+from mdata.wire.errors import MessageError, error_from_msg, error_to_msg
+
+
+def through_msgpack(msg):
+    """What a handler receives: msgpack as distributed packs it (lists arrive as tuples)."""
+    return msgpack.unpackb(msgpack.packb(msg, use_bin_type=True), raw=False, use_list=False)
+
+
+def checkpoint() -> Checkpoint:
+    return Checkpoint(fingerprint="f00d", step=4, sources=("chat", "code"),
+                      cursors={"chat": 40, "code": 12}, epochs={"chat": 0, "code": 1},
+                      apportioner={"carry": [0.25, -0.25]}, seed=7,
+                      mixture={"state": {}, "history": [], "pinned": {"5": [0.5, 0.5]}})
+
+
+def location() -> m.BatchLocation:
+    return m.BatchLocation(key=("mdata-construct", "job", 3, 1), who_has=("tcp://10.0.0.1:4000",),
+                           cp_rank=1, receives_tokens=True, receives_labels=False,
+                           checkpoint=checkpoint().to_dict())
+
+
+def corrupt_shard() -> CorruptShardError:
+    return CorruptShardError("line is not valid JSON: JSONDecodeError: Expecting value", source="code",
+                             shard="/data/code/part-00001.jsonl", row=17,
+                             hint="the file is truncated or not valid; re-write it or remove it")
+
+
+INFO = m.JobInfo(job="pretrain", fingerprint="f00d", start_step=4, broadcast="tp",
+                 mesh=m.MeshShape(dp=2, pp=1, cp=2, tp=2, order="tp-cp-dp-pp"), world_size=8)
+STATUS = m.StatusReply(
+    job="pretrain", failure=None, uptime_s=12.5,
+    steps={"0": {"step": 0, "counts": {"chat": 3, "code": 1}, "per_rank_cost": [1.0, 2.0]}},
+    pool_targets={"chat": m.PoolTargetInfo(workers=2, reason="demand 1.2", demand=1.2, time=1e9)},
+    chunks_in_memory=3, batches_in_memory=2, trainer_wait_s={"0": 0.5}, consumed_steps={"0": 3},
+    counters=m.StatusCounters(planned_step=6, balanced_step=5, consumed_step=4, chunks_loaded=3,
+                              truncated=0, skipped={"chat": 1, "code": 0}),
+)
+STORY = m.StoryReply((m.StoryOccurrence(3, ({"event": "planned", "step": 1, "dp_rank": 0},
+                                            {"event": "consumed", "step": 1, "ranks": [0, 1]})),))
+LINEAGE = m.LineageReply(samples={"0": {"0": [[0, 1, 17], [1, 0, 3]], "1": []}}, forgotten_before=0,
+                         exactly_once=m.ExactlyOnce(ok=False, samples=2, skipped=0, problems=("gap",)))
+
+MESSAGES = [
+    m.OkReply(),
+    m.RegisterJobRequest(job="pretrain", plan=b"\x80\x04pickled plan", checkpoint=checkpoint().to_dict()),
+    m.RegisterJobRequest(job="pretrain", plan=b"\x80\x04pickled plan"),
+    m.JobInfoRequest("pretrain"),
+    INFO,
+    m.JobInfo(job="pretrain", fingerprint="f00d", start_step=0, broadcast=None,
+              mesh=m.MeshShape(dp=1, pp=1, cp=1, tp=1, order="tp-cp-dp-pp"), world_size=1),
+    m.JobsRequest(),
+    m.JobsReply(("a", "b")),
+    m.CloseJobRequest("pretrain"),
+    m.CheckpointRequest("pretrain", step=4),
+    m.CheckpointReply(checkpoint()),
+    m.StatusRequest("pretrain"),
+    STATUS,
+    m.StoryRequest("pretrain", sample_id="code/1/17"),
+    STORY,
+    m.LineageRequest("pretrain", steps=2),
+    LINEAGE,
+    m.BatchLocationRequest(job="pretrain", rank=3, step=5, timeout=2.0),
+    m.BatchLocationReply(m.Status.OK, location()),
+    m.BatchLocationReply(m.Status.TIMEOUT),
+    m.BatchLocationReply(m.Status.FAILED, reason="building step 5 failed: bug"),
+    m.AckRequest(job="pretrain", rank=3, step=5),
+    m.ReportMetricsRequest(job="pretrain", rank=0, step=1, metrics={"loss/chat": 2.5}),
+    m.WhoHasRequest(keys=(("mdata-load", "job", "chat", 0, 256),)),
+    m.WhoHasReply(who_has=(("tcp://10.0.0.2:1",), None, ())),
+    m.TakeRowsRequest(key=("mdata-load", "job", "chat", 0, 256), indices=(0, 5, 2)),
+    m.TakeRowsReply(m.Status.MISSING, key=("mdata-load", "job", "chat", 0, 256)),
+    m.GetBatchRequest(key=("mdata-construct", "job", 3, 1), cp_rank=1, receives_tokens=True,
+                      receives_labels=False),
+    m.GetBatchReply(m.Status.MISSING, key=("mdata-construct", "job", 3, 1)),
+]
+
+
+@pytest.mark.parametrize("message", MESSAGES, ids=lambda x: type(x).__name__)
+def test_every_message_survives_to_msg_and_msgpack(message):
+    msg = message.to_msg()
+    assert type(message).from_msg(msg) == message
+    assert type(message).from_msg(through_msgpack(msg)) == message
+    # what comes back writes the same message data again
+    assert through_msgpack(type(message).from_msg(through_msgpack(msg)).to_msg()) == through_msgpack(msg)
+
+
+def test_the_catalogue_names_every_handler_once_with_its_reply():
+    assert set(m.CATALOGUE) == set(m.Handler)
+    assert {h.value for h in m.Handler} == {
+        "mdata_register_job", "mdata_batch_location", "mdata_ack", "mdata_report_metrics",
+        "mdata_checkpoint", "mdata_story", "mdata_lineage", "mdata_status", "mdata_jobs",
+        "mdata_job_info", "mdata_who_has", "mdata_close_job", "mdata_take_rows", "mdata_get_batch",
+    }
+    for handler, request in m.CATALOGUE.items():
+        assert request.handler is handler and issubclass(request.reply, m.Message)
+    assert m.BatchLocationRequest.reply is m.BatchLocationReply
+    assert m.StatusRequest.reply is m.StatusReply and m.AckRequest.reply is m.OkReply
+
+
+def test_request_messages_are_the_handlers_keyword_arguments():
+    """Handlers are still callable by hand with the same keywords (notebooks, tests)."""
+    assert m.StatusRequest("j").to_msg() == {"job": "j"}
+    assert m.LineageRequest("j", steps=3).to_msg() == {"job": "j", "steps": 3}
+    assert m.CheckpointRequest.from_msg({"job": "j", "step": 2}) == m.CheckpointRequest("j", step=2)
+    assert m.StatusReply.from_msg(STATUS.to_msg()).counters.consumed_step == 4
+
+
+def test_replies_keep_the_shapes_the_handlers_always_answered_with():
+    status = STATUS.to_msg()
+    assert status["counters"]["skipped"] == {"chat": 1, "code": 0}
+    assert status["pool_targets"]["chat"]["reason"] == "demand 1.2"
+    assert m.JobsReply(("a",)).to_msg() == ["a"]
+    story = m.StoryReply.from_msg(through_msgpack(STORY.to_msg()))
+    assert story.occurrences[0].events[1]["ranks"] == [0, 1]  # lists again, not msgpack's tuples
+    ok = m.BatchLocationReply(m.Status.OK, location()).to_msg()
+    assert ok["status"] == "OK" and ok["key"] == ["mdata-construct", "job", 3, 1]
+    assert ok["checkpoint"] == checkpoint().to_dict()
+    assert m.CheckpointReply(checkpoint()).to_msg() == checkpoint().to_dict()
+
+
+def test_construct_spec_has_every_field_required_and_survives_the_task_pickle():
+    spec = m.ConstructSpec(
+        step=3, dp_rank=1,
+        chunks=(m.ChunkPull(("mdata-load", "job", "chat", 0, 0), (0, 2), ("tcp://a:1",)),
+                m.ChunkPull(("mdata-load", "job", "code", 1, 256), (1,), ())),
+        micro_batch=np.array([0, 0, 1], np.int32), position=np.array([0, 1, 0], np.int32),
+        lengths=np.array([10, 20, 30], np.int32),
+        sample_ids=np.array([[0, 0, 0], [0, 0, 2], [1, 1, 257]], np.int64),
+        num_micro_batches=2, max_tokens=64, cp=1, pad_id=0, image_token_id=None, wait_s=120.0,
+    )
+    assert m.ConstructSpec.from_msg(spec.to_msg()) == spec
+    again = m.ConstructSpec.from_msg(pickle.loads(pickle.dumps(spec.to_msg())))
+    assert again == spec and again.sample_ids.dtype == np.int64
+    assert again != m.ConstructSpec.from_msg({**spec.to_msg(), "wait_s": 5.0})
+    for field in ("wait_s", "pad_id", "image_token_id", "cp", "max_tokens"):
+        msg = spec.to_msg()
+        del msg[field]
+        with pytest.raises(MessageError, match=rf"ConstructSpec.*{field!r} is missing"):
+            m.ConstructSpec.from_msg(msg)
+    with pytest.raises(TypeError):
+        m.ConstructSpec(step=3, dp_rank=1, chunks=())  # no defaults to fall back on
+    short = {**spec.to_msg(), "lengths": np.array([10, 20], np.int32)}
+    with pytest.raises(MessageError, match=r"ConstructSpec.*'lengths' has shape \(2,\), but the chunks hold 3 rows"):
+        m.ConstructSpec.from_msg(short)
+    floats = {**spec.to_msg(), "position": np.array([0.0, 1.0, 0.0])}
+    with pytest.raises(MessageError, match=r"'position' must be a 1-d integer array, got float64"):
+        m.ConstructSpec.from_msg(floats)
+
+
+@pytest.mark.parametrize("cls, msg, pattern", [
+    (m.BatchLocationRequest, {"job": "j", "rank": "3", "step": 1, "timeout": 1.0},
+     r"malformed BatchLocationRequest message: field 'rank' must be an integer, got str"),
+    (m.BatchLocationRequest, {"job": "j", "rank": 3, "step": 1},
+     r"BatchLocationRequest message: field 'timeout' is missing"),
+    (m.StatusRequest, {"job": "j", "jb": "x"}, r"StatusRequest message: field 'jb' is not a field"),
+    (m.AckRequest, {"job": "j", "rank": True, "step": 1}, r"AckRequest.*'rank' must be an integer, got bool"),
+    (m.ReportMetricsRequest, {"job": "j", "rank": 0, "step": 1, "metrics": {"loss": "high"}},
+     r"ReportMetricsRequest.*'metrics\[loss\]' must be a number"),
+    (m.RegisterJobRequest, {"job": "j", "plan": "not bytes", "checkpoint": None},
+     r"RegisterJobRequest.*'plan' must be bytes"),
+    (m.BatchLocationReply, {"status": "done"}, r"BatchLocationReply.*'status' must be one of \['OK'"),
+    (m.BatchLocationReply, {"status": "failed"}, r"BatchLocationReply.*'reason' is missing"),
+    (m.BatchLocationReply, {**location().to_msg(), "status": "OK", "checkpoint": {"version": 99}},
+     r"BatchLocationReply.*'checkpoint' is not a checkpoint: checkpoint format version 99"),
+    (m.WhoHasRequest, {"keys": [[]]}, r"WhoHasRequest.*'keys\[0\]' must be a task key"),
+    (m.TakeRowsReply, {"status": "OK", "chunk": b"rows"}, r"TakeRowsReply.*'chunk' must be a SampleChunk"),
+    (m.GetBatchReply, {"status": "timeout"}, r"GetBatchReply.*'status' must be OK or missing"),
+    (m.JobInfo, {**INFO.to_msg(), "mesh": {"dp": 2}}, r"MeshShape message: field 'pp' is missing"),
+    (m.JobsReply, None, r"JobsReply.*'jobs' must be a list, got NoneType"),
+    (m.StatusRequest, None, r"malformed StatusRequest message: expected a dict of fields, got NoneType"),
+    (m.LineageReply, {"samples": {"0": {"0": [[1, 2]]}}, "forgotten_before": 0,
+                      "exactly_once": LINEAGE.exactly_once.to_msg()},
+     r"LineageReply.*'samples\[0\]\[0\]' must be a list of \[source_index, shard, row\]"),
+])
+def test_bad_fields_fail_with_the_message_and_the_field_named(cls, msg, pattern):
+    with pytest.raises(MessageError, match=pattern) as info:
+        cls.from_msg(msg)
+    assert isinstance(info.value, MdataError)
+    assert "same mdata version" in str(info.value)
+
+
+def test_worker_replies_carry_chunks_and_batches_through_distributeds_protocol():
+    chunk = SampleChunk.from_samples("chat", 0, [3, 4], [[1, 2, 3], [4, 5]])
+    reply = m.TakeRowsReply(m.Status.OK, ("mdata-load", "job", "chat", 0, 0), chunk)
+    got = m.TakeRowsReply.from_msg(loads(dumps(reply.to_msg())))
+    assert got.status is m.Status.OK and isinstance(got.chunk, SampleChunk)
+    assert got.chunk.rows.tolist() == [3, 4] and got.chunk.tokens(1).tolist() == [4, 5]
+
+    dp_batch = build_dp_batch(2, 0, [chunk], [0, 0], [0, 1], [3, 2], [[0, 0, 3], [0, 0, 4]], 1,
+                              max_tokens=16, cp=1)
+    batch = dp_batch.for_rank(0, receives_tokens=True, receives_labels=False)
+    got = m.GetBatchReply.from_msg(loads(dumps(m.GetBatchReply(m.Status.OK, (), batch).to_msg())))
+    assert isinstance(got.batch, Batch) and got.batch.step == 2 and not got.batch.receives_labels
+    assert np.array_equal(got.batch.sample_ids, batch.sample_ids)
+
+
+def test_source_errors_travel_as_their_class_with_their_fields():
+    exc = corrupt_shard()
+    exc.add_note("seen on worker tcp://10.0.0.3:1")
+    back = error_from_msg(through_msgpack(error_to_msg(exc)))
+    assert type(back) is CorruptShardError
+    assert (back.source, back.shard, back.row, back.hint) == (exc.source, exc.shard, exc.row, exc.hint)
+    assert str(back) == str(exc)
+    assert back.__notes__ == ["seen on worker tcp://10.0.0.3:1"]
+    plain = error_from_msg(through_msgpack(error_to_msg(BatchError("step 0, dp rank 0: no image_token_id"))))
+    assert type(plain) is BatchError and str(plain) == "step 0, dp rank 0: no image_token_id"
+    with pytest.raises(TypeError, match="MdataError subclasses, not KeyError"):
+        error_to_msg(KeyError("x"))
+
+
+def test_an_error_class_unknown_here_arrives_as_its_nearest_known_base():
+    msg = error_to_msg(corrupt_shard())
+    msg.update(type="ParquetPageError", module="some.worker.plugin",
+               bases=["ParquetPageError", "CorruptShardError", "SourceError", "MdataError"])
+    back = error_from_msg(msg)
+    assert type(back) is CorruptShardError and back.row == 17
+    assert "raised as some.worker.plugin.ParquetPageError" in back.__notes__
+    msg.update(bases=["ParquetPageError", "MdataError"])
+    assert type(error_from_msg(msg)) is MdataError
+    with pytest.raises(MessageError, match=r"malformed error message: field 'type' must be a str"):
+        error_from_msg({"message": "x"})
+
+
+def test_a_failed_batch_location_raises_the_error_that_failed_the_job():
+    reply = m.BatchLocationReply(m.Status.FAILED, reason="loading source 'code', shard 1 failed",
+                                 error=corrupt_shard())
+    got = m.BatchLocationReply.from_msg(through_msgpack(reply.to_msg()))
+    err = got.failure("rank 0, step 3")
+    assert isinstance(err, CorruptShardError) and isinstance(err, SourceError)
+    assert (err.source, err.shard, err.row) == ("code", "/data/code/part-00001.jsonl", 17)
+    assert err.__notes__ == ["rank 0, step 3: loading source 'code', shard 1 failed"]
+    untyped = m.BatchLocationReply.from_msg(through_msgpack(
+        m.BatchLocationReply(m.Status.FAILED, reason="planner error: KeyError(3)").to_msg()))
+    err = untyped.failure("rank 0, step 3")
+    assert type(err) is TrainerError and str(err) == "rank 0, step 3: planner error: KeyError(3)"
+    with pytest.raises(MessageError, match="'location' is required with status OK"):
+        m.BatchLocationReply(m.Status.OK)
+
+
+def test_serve_and_ask_speak_through_a_real_dask_server():
+    """A handler registered with serve() answers ask() over TCP and rejects bad keywords; a peer
+    without the handler is a NoHandlerError (the caller asks someone else)."""
+    from distributed.core import Server, rpc
+
+    seen = []
+
+    def status(req: m.StatusRequest) -> m.StatusReply:
+        seen.append(req)
+        return STATUS
+
+    async def wrong(req: m.AckRequest) -> m.StatusReply:
+        return STATUS
+
+    async def main():
+        server = Server({m.Handler.STATUS.value: m.serve(m.StatusRequest, status),
+                         m.Handler.ACK.value: m.serve(m.AckRequest, wrong)})
+        await server.listen("tcp://127.0.0.1:0")
+        try:
+            async with rpc(server.address) as remote:
+                reply = await m.ask(remote, m.StatusRequest("pretrain"))
+                plain = await remote.mdata_status(job="pretrain")  # a notebook's call by hand
+                with pytest.raises(MessageError, match="StatusRequest message: field 'job' must be a string"):
+                    await remote.mdata_status(job=3)
+                with pytest.raises(TypeError, match="answered StatusReply to AckRequest, not OkReply"):
+                    await m.ask(remote, m.AckRequest("pretrain", 0, 0))
+                with pytest.raises(m.NoHandlerError, match="has no mdata_jobs handler"):
+                    await m.ask(remote, m.JobsRequest())  # as from a worker shutting down
+        finally:
+            await server.close()
+        return reply, plain
+
+    reply, plain = asyncio.run(main())
+    assert reply == STATUS and seen == [m.StatusRequest("pretrain")] * 2
+    assert plain["counters"]["consumed_step"] == 4
