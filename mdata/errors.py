@@ -26,6 +26,9 @@ __all__ = [
     "CheckpointError",
     "TrainerError",
     "TrainerTimeoutError",
+    "StaleGenerationError",
+    "RankTakenError",
+    "ResumeMismatchError",
     "BatchError",
     "ExampleDataError",
     "MaterialNotFoundError",
@@ -148,6 +151,19 @@ class TrainerError(MdataError):
 
 class TrainerTimeoutError(TrainerError):
     """A trainer waited longer than its timeout for data."""
+
+
+class StaleGenerationError(TrainerError):
+    """The job was rewound (a rank resumed from a checkpoint) after this Loader attached:
+    restart this rank from its checkpoint like the others."""
+
+
+class RankTakenError(TrainerError):
+    """Another live Loader holds this (job, rank): one rank has one Loader."""
+
+
+class ResumeMismatchError(TrainerError):
+    """Ranks resuming one job brought checkpoints of different steps."""
 
 
 class BatchError(MdataError):

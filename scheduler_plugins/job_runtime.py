@@ -31,6 +31,8 @@ from mdata.wire.messages import (
     BatchLocation, BatchLocationReply, ChunkPull, ConstructSpec, PoolTargetInfo, Status,
     StatusCounters, StatusReply,
 )
+from mdata.planner.roster import Holder, TrainerRoster
+from mdata.wire.messages import AttachReply, AttachRequest
 from scheduler_plugins.planner_view import PlannerView
 from workers.constructor import construct_task
 from workers.loader import chunk_summary_task, load_chunk_task
@@ -50,8 +52,14 @@ def pool_resource(source_name: str) -> str:
 class JobRuntime:
     """Executes one job's plan on the cluster; owns the futures that keep chunks and batches alive."""
 
-    def __init__(self, scheduler, client, job: str, plan, state: "ps.PlannerState") -> None:
+    def __init__(self, scheduler, client, job: str, plan, state: "ps.PlannerState",
+                 listings: dict[str, list[int]] | None = None,
+                 lineage_steps: int | None = None) -> None:
         self.scheduler = scheduler
+        self.listings = listings  # kept to rebuild the state when a trainer resumes (rewind)
+        self.lineage_steps = lineage_steps
+        # which Loader holds each rank, and which generation of the job it joined
+        self.roster = TrainerRoster(plan.mesh.world_size, int(state.consumed_step))
         self.client = client
         self.job = job
         self.plan = plan
@@ -226,7 +234,8 @@ class JobRuntime:
             image_token_id=None if self.plan.image_token_id is None else int(self.plan.image_token_id),
             wait_s=float(self.chunk_wait_s),
         )
-        key = ("mdata-construct", self.job, ins.step, ins.dp_rank)
+        # the generation keeps a rewound job's batches apart from the ones it dropped
+        key = ("mdata-construct", self.job, self.roster.generation, ins.step, ins.dp_rank)
         fut = self.client.submit(
             construct_task, spec.to_msg(), key=key, resources={CONSTRUCTOR_RESOURCE: 1}, pure=False
         )
@@ -234,14 +243,22 @@ class JobRuntime:
         self._spawn(self._await_batch(ins.step, ins.dp_rank, fut))
 
     async def _await_batch(self, step: int, dp_rank: int, fut) -> None:
-        """Wait for a construct task without gathering its result (the batch stays on the worker)."""
+        """Wait for a construct task without gathering its result (the batch stays on the worker).
+
+        If the constructor holding the batch dies, the scheduler recomputes the task (this
+        runtime still holds its future) on another or the restarted constructor, pulling the
+        same rows again: :meth:`batch_location` notices the batch has no holder and waits here
+        again. A batch that cannot be built (the task erred, e.g. its workers kept dying) fails
+        the job with that cause, so every trainer hears it."""
+        key = (step, dp_rank)
         exc = await fut.exception()  # waits for the task; never gathers the batch itself
+        if self.batch_futures.get(key) is not fut:
+            return  # released, or dropped by a rewind, meanwhile
         if exc is not None or fut.status == "error":
-            self.batch_errors[(step, dp_rank)] = (
-                f"building step {step} for DP rank {dp_rank} failed: {exc}",
-                exc if isinstance(exc, MdataError) else None,
-            )
-        self.batch_ready[(step, dp_rank)].set()
+            reason = f"building step {step} for DP rank {dp_rank} failed: {exc!r}"
+            self.batch_errors[key] = (reason, exc if isinstance(exc, MdataError) else None)
+            self._fail(reason, exc)
+        self.batch_ready[key].set()
 
     def _release_chunk(self, ins: "ps.ReleaseChunk") -> None:
         fut = self.chunk_futures.pop(ins.chunk.key, None)
@@ -284,38 +301,73 @@ class JobRuntime:
     def _ready(self, key: tuple[int, int]) -> bool:
         return self.failed.is_set() or (key in self.batch_futures and self.batch_ready[key].is_set())
 
-    async def batch_location(self, rank: int, step: int, timeout: float) -> BatchLocationReply:
-        """Long-poll until the batch of ``step`` for ``rank``'s DP group is built (or fails)."""
+    async def batch_location(self, rank: int, step: int, timeout: float, token: str = "",
+                             generation: int = 0) -> BatchLocationReply:
+        """Long-poll until the batch of ``step`` for ``rank``'s DP group is built (or fails).
+
+        A batch whose constructor died is being rebuilt: wait for it like for a new one."""
+        if token:
+            stale = self._stale(rank, token, generation)
+            if stale is not None:
+                return stale
         key = (step, self.plan.mesh.coordinate(rank).dp)
-        if not self._ready(key):
-            began = time.monotonic()
-            try:
-                await asyncio.wait_for(self._wait_ready(key), timeout)
-            except asyncio.TimeoutError:
-                return BatchLocationReply(Status.TIMEOUT)
-            finally:
-                self.wait_seconds[rank] += time.monotonic() - began
-                self.trainer_meter.waited(rank, step, time.monotonic() - began)
-        else:
-            self.trainer_meter.waited(rank, step, 0.0)
-        if self.failure is not None:
-            return BatchLocationReply(Status.FAILED, reason=self.failure, error=self.failure_error)
-        if key in self.batch_errors:
-            reason, error = self.batch_errors[key]
-            return BatchLocationReply(Status.FAILED, reason=reason, error=error)
-        fut = self.batch_futures[key]
+        began = time.monotonic()
+        deadline = began + timeout
+        try:
+            while True:
+                if not self._ready(key):
+                    try:
+                        await asyncio.wait_for(self._wait_ready(key), deadline - time.monotonic())
+                    except asyncio.TimeoutError:
+                        return BatchLocationReply(Status.TIMEOUT)
+                if token and generation != self.roster.generation:  # rewound while waiting
+                    return self._stale(rank, token, generation)
+                if self.failure is not None:
+                    return BatchLocationReply(Status.FAILED, reason=self.failure, error=self.failure_error)
+                if key in self.batch_errors:
+                    reason, error = self.batch_errors[key]
+                    return BatchLocationReply(Status.FAILED, reason=reason, error=error)
+                fut = self.batch_futures[key]
+                who_has = self.who_has(fut.key)
+                if who_has:
+                    break
+                self._rebuilding(key, fut)  # its constructor died: Dask recomputes it
+                if time.monotonic() > deadline:
+                    return BatchLocationReply(Status.TIMEOUT)
+                await asyncio.sleep(0.05)  # the client may not have heard of the loss yet
+        finally:
+            waited = time.monotonic() - began
+            self.wait_seconds[rank] += waited
+            self.trainer_meter.waited(rank, step, waited)
         role = self.plan.mesh.role(rank)
         checkpoint = self.view.checkpoint(step + 1)
         if checkpoint is None:  # not in the view (asked again after every group consumed it)
             checkpoint = (await self.read_state(lambda state: state.checkpoint(step + 1))).to_dict()
         return BatchLocationReply(Status.OK, BatchLocation(
             key=tuple(fut.key),
-            who_has=tuple(self.who_has(fut.key)),
+            who_has=tuple(who_has),
             cp_rank=int(role.cp_rank),
             receives_tokens=bool(role.receives_tokens),
             receives_labels=bool(role.receives_labels),
             checkpoint=checkpoint,
         ))
+
+    def _stale(self, rank: int, token: str, generation: int) -> BatchLocationReply | None:
+        """A FAILED reply for a Loader that lost its rank or whose generation is over."""
+        try:
+            self.roster.check(rank, token, generation)
+        except MdataError as exc:
+            return BatchLocationReply(Status.FAILED, reason=str(exc), error=exc)
+        return None
+
+    def _rebuilding(self, key: tuple[int, int], fut) -> None:
+        """The batch under ``key`` lost its only copy: wait for its recomputation (once)."""
+        event = self.batch_ready.get(key)
+        if event is not None and event.is_set():
+            event.clear()
+            logger.warning("mdata job %s: batch of step %d, DP rank %d was lost with its "
+                           "constructor; rebuilding it", self.job, key[0], key[1])
+            self._spawn(self._await_batch(key[0], key[1], fut))
 
     async def _wait_ready(self, key) -> None:
         while not self._ready(key):
@@ -329,14 +381,79 @@ class JobRuntime:
                 for waiter in waiters:
                     waiter.cancel()
 
-    async def acknowledge(self, rank: int, step: int) -> None:
+    async def acknowledge(self, rank: int, step: int, *, consumed: bool = True, token: str = "",
+                          generation: int = 0) -> None:
+        """``rank`` consumed (its training loop took the next batch) or only received ``step``."""
+        if token:
+            self.roster.check(rank, token, generation)  # a stale Loader hears it as an error
+        if not consumed:
+            dp_rank = self.plan.mesh.coordinate(rank).dp
+            await self._handle_coalesced(ps.BatchDelivered(
+                step=step, dp_rank=dp_rank, ranks=(rank,), stimulus_id=f"delivered-{rank}-{step}"))
+            return
         self.consumed_steps[rank] = max(self.consumed_steps.get(rank, -1), step)
         self.trainer_meter.consumed(rank, step)
-        dp_rank = self.plan.mesh.coordinate(rank).dp
-        await self._handle_coalesced(
-            ps.BatchDelivered(step=step, dp_rank=dp_rank, ranks=(rank,), stimulus_id=f"delivered-{rank}-{step}"),
-            ps.BatchConsumed(step=step, rank=rank, stimulus_id=f"ack-{rank}-{step}"),
-        )
+        await self._handle_coalesced(ps.BatchConsumed(step=step, rank=rank,
+                                                      stimulus_id=f"ack-{rank}-{step}"))
+
+    # -- trainers: leases and resumes ---------------------------------------------------------------
+    async def attach(self, req: AttachRequest) -> AttachReply:
+        """Lease a rank to a Loader; a checkpoint from a rank that already ran in this generation
+        (or that starts another step) rewinds the job to it (see mdata.planner.roster)."""
+        holder = Holder(req.client, req.token, req.host, req.pid)
+        step = None if req.checkpoint is None else int(req.checkpoint["step"])
+        async with self.lock:
+            last = self.consumed_steps.get(req.rank)
+            att = self.roster.attach(req.rank, holder, checkpoint_step=step, is_live=self._is_live,
+                                     next_step=None if last is None else last + 1)
+            if att.rewind:
+                await self._rewind(req.checkpoint)
+        logger.info("mdata job %s: rank %d attached (%s), generation %d from step %d%s", self.job,
+                    req.rank, holder.describe(), att.generation, att.start_step,
+                    ", rewound" if att.rewind else "")
+        return AttachReply(att.generation, att.start_step)
+
+    async def rewind_for_driver(self, checkpoint: dict) -> None:
+        """A driver registered this (live) job again with a checkpoint of another step."""
+        async with self.lock:
+            if int(checkpoint["step"]) != self.roster.start_step:
+                self.roster.rewound_by_driver(int(checkpoint["step"]))
+                await self._rewind(checkpoint)
+
+    def detach(self, rank: int, token: str) -> None:
+        self.roster.detach(rank, token)
+
+    def _is_live(self, holder: Holder) -> bool:
+        """A lease lives while its Loader's Dask client is connected (a killed trainer's client
+        leaves the scheduler when its connection drops)."""
+        return holder.client in self.scheduler.clients
+
+    async def _rewind(self, checkpoint: dict) -> None:
+        """Drop everything planned past ``checkpoint`` and plan again from it; the caller holds
+        the lock. The new state replans exactly what the old one planned from that step (same
+        plan, same listings, same cursors), so every rank sees the sequence it would have seen."""
+        state = ps.PlannerState.from_checkpoint(self.plan, self.listings, checkpoint, job=self.job,
+                                                lineage_steps=self.lineage_steps)
+        for task in list(self._tasks):
+            task.cancel()
+        if self._pending_done is not None and not self._pending_done.done():
+            self._pending_done.set_result(None)  # acknowledgements of the old generation
+        self._pending, self._pending_done = [], None
+        for fut in list(self.chunk_futures.values()) + list(self.batch_futures.values()):
+            fut.release()
+        self.chunk_futures.clear()
+        self.batch_futures.clear()
+        for event in self.batch_ready.values():
+            event.set()  # long polls of the old generation wake up and see the rewind
+        self.batch_ready = defaultdict(asyncio.Event)
+        self.batch_errors.clear()
+        self.consumed_steps.clear()
+        self.failure, self.failure_error = None, None
+        self.failed.clear()
+        self.state = state
+        self.view = PlannerView.of(state)
+        now = time.monotonic()
+        await self._apply([ps.Tick(now=now, stimulus_id=f"rewind-{now:.3f}")])
 
     def status(self, max_steps: int = 10_000) -> StatusReply:
         """A snapshot for trainers, the demo summary and the dashboard (counters from the view)."""

@@ -73,6 +73,7 @@ class PlannerPlugin(SchedulerPlugin):
     async def start(self, scheduler) -> None:
         self.scheduler = scheduler
         self._client_lock = asyncio.Lock()
+        self._register_lock = asyncio.Lock()  # Loaders of every rank may register at once
         served = {
             msg.RegisterJobRequest: self.register_job,
             msg.BatchLocationRequest: self.batch_location,
@@ -86,6 +87,8 @@ class PlannerPlugin(SchedulerPlugin):
             msg.JobInfoRequest: self.job_info,
             msg.WhoHasRequest: self.who_has,
             msg.CloseJobRequest: self.close_job,
+            msg.AttachRequest: self.attach,
+            msg.DetachRequest: self.detach,
         }
         self._handlers = {cls.handler.value: msg.serve(cls, fn) for cls, fn in served.items()}
         scheduler.handlers.update(self._handlers)
@@ -147,7 +150,12 @@ class PlannerPlugin(SchedulerPlugin):
             ) from None
 
     async def register_job(self, req: msg.RegisterJobRequest) -> msg.JobInfo:
-        """Register ``job`` with a pickled Plan; idempotent for the same plan and checkpoint."""
+        """Register ``job`` with a pickled Plan; idempotent for the same plan. A checkpoint for a
+        job that runs already rewinds it to the checkpoint's step (never silently ignored)."""
+        async with self._register_lock:
+            return await self._register(req)
+
+    async def _register(self, req: msg.RegisterJobRequest) -> msg.JobInfo:
         job, checkpoint = req.job, req.checkpoint
         plan_obj = pickle.loads(req.plan).validate_for_delivery()
         fingerprint = plan_obj.fingerprint()
@@ -158,6 +166,8 @@ class PlannerPlugin(SchedulerPlugin):
                     f"job {job!r} is already running another plan (fingerprint "
                     f"{existing.plan.fingerprint()} vs {fingerprint}); use another job name or close it"
                 )
+            if checkpoint is not None:
+                await existing.rewind_for_driver(dict(checkpoint))
             return self._job_info(existing)
         client = await self.client()
         listings = await self._list_shards(client, plan_obj)
@@ -171,7 +181,7 @@ class PlannerPlugin(SchedulerPlugin):
             )
         else:
             state = ps.PlannerState(plan_obj, listings, job=job, lineage_steps=lineage_steps)
-        runtime = JobRuntime(self.scheduler, client, job, plan_obj, state)
+        runtime = JobRuntime(self.scheduler, client, job, plan_obj, state, listings, lineage_steps)
         self.jobs[job] = runtime
         await runtime.tick()
         logger.info("mdata job %s registered: %s", job, plan_obj)
@@ -200,10 +210,21 @@ class PlannerPlugin(SchedulerPlugin):
         )
 
     async def batch_location(self, req: msg.BatchLocationRequest) -> msg.BatchLocationReply:
-        return await self._job(req.job).batch_location(req.rank, req.step, req.timeout)
+        return await self._job(req.job).batch_location(req.rank, req.step, req.timeout,
+                                                       req.token, req.generation)
 
     async def ack(self, req: msg.AckRequest) -> msg.OkReply:
-        await self._job(req.job).acknowledge(req.rank, req.step)
+        await self._job(req.job).acknowledge(req.rank, req.step, consumed=req.consumed,
+                                             token=req.token, generation=req.generation)
+        return msg.OkReply()
+
+    async def attach(self, req: msg.AttachRequest) -> msg.AttachReply:
+        return await self._job(req.job).attach(req)
+
+    def detach(self, req: msg.DetachRequest) -> msg.OkReply:
+        runtime = self.jobs.get(req.job)
+        if runtime is not None:  # a job closed meanwhile has no lease to end
+            runtime.detach(req.rank, req.token)
         return msg.OkReply()
 
     async def report_metrics(self, req: msg.ReportMetricsRequest) -> msg.OkReply:

@@ -22,22 +22,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from mdata.errors import TrainerError
+from mdata.errors import (
+    RankTakenError,
+    ResumeMismatchError,
+    StaleGenerationError,
+    TrainerError,
+)
 
 __all__ = ["Holder", "Attachment", "TrainerRoster", "StaleGenerationError", "RankTakenError",
            "ResumeMismatchError"]
-
-
-class StaleGenerationError(TrainerError):
-    """The job was rewound after this Loader attached: restart the rank from its checkpoint."""
-
-
-class RankTakenError(TrainerError):
-    """Another live Loader holds this (job, rank)."""
-
-
-class ResumeMismatchError(TrainerError):
-    """Ranks resuming one job brought checkpoints of different steps."""
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,15 @@ background thread prefetches a few steps ahead; tensors land in pinned host memo
 GPU on a side stream when CUDA is available. ``state_dict()`` records the checkpoint that travelled
 with the last batch the *caller* consumed, never how far prefetching ran.
 
+What counts is consumption, not prefetch: a step is acknowledged as consumed when the training
+loop asks for the next batch (or calls :meth:`Loader.mark_consumed`), never when the prefetch
+thread fetched it, so the Planner's "consumed" step is what trainers really trained on.
+
+Each Loader leases its rank (one rank, one Loader) and joins a *generation* of the job: a
+Loader that brings a checkpoint for a job that runs already rewinds the job to it, and every rank
+must bring the same step (see ``mdata.planner.roster``). A batch whose constructor died is rebuilt
+and located again; the Loader follows it instead of failing.
+
 Every call is a typed message of :mod:`mdata.wire.messages`. When the job fails, the Loader raises
 the error that failed it, as its own class with its fields (a corrupt shard arrives as a
 ``CorruptShardError`` with ``source``, ``shard`` and ``row``), noted with this rank and step.
@@ -18,15 +27,18 @@ from __future__ import annotations
 import os
 import pickle
 import queue
+import socket
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from mdata.errors import MeshError, TrainerError, TrainerTimeoutError
+from mdata.errors import MeshError, RankTakenError, TrainerError, TrainerTimeoutError
 from mdata.wire.messages import (
-    AckRequest, BatchLocation, BatchLocationRequest, GetBatchRequest, JobInfo, JobInfoRequest,
-    JobsRequest, NoHandlerError, RegisterJobRequest, ReportMetricsRequest, Status, ask, ask_sync,
+    AckRequest, AttachRequest, BatchLocation, BatchLocationRequest, DetachRequest, GetBatchRequest,
+    JobInfo, JobInfoRequest, JobsRequest, NoHandlerError, RegisterJobRequest, ReportMetricsRequest,
+    Status, ask, ask_sync,
 )
 
 __all__ = ["Loader", "submit_job", "default_device"]
@@ -56,7 +68,7 @@ def submit_job(client, plan, *, job: str = "default", checkpoint: dict | None = 
 
     Returns the job's info: fingerprint, mesh, and the first step trainers will receive.
     """
-    return _register(client, plan, job=job, checkpoint=checkpoint).to_msg()
+    return _register(client, plan, job=job, checkpoint=checkpoint_of(checkpoint)).to_msg()
 
 
 def _register(client, plan, *, job: str, checkpoint: dict | None) -> JobInfo:
@@ -64,6 +76,29 @@ def _register(client, plan, *, job: str, checkpoint: dict | None) -> JobInfo:
 
     plan.validate_for_delivery()
     return ask_sync(client, RegisterJobRequest(job=job, plan=pickle.dumps(plan), checkpoint=checkpoint))
+
+
+def checkpoint_of(state: dict | None) -> dict | None:
+    """The Planner checkpoint inside what :meth:`Loader.state_dict` returned (the one shape
+    ``Loader(checkpoint=...)`` and ``load_state_dict`` take); a bare checkpoint dict (as
+    ``JobHandle.checkpoint()`` returns) is taken as it is."""
+    if state is None:
+        return None
+    if not isinstance(state, dict):
+        raise TrainerError(f"a Loader checkpoint is the dict state_dict() returned, got {type(state).__name__}")
+    if "cursors" in state and "fingerprint" in state:
+        return state
+    if "checkpoint" not in state or "version" not in state:
+        raise TrainerError(
+            f"not a Loader state (keys {sorted(state)}): pass what Loader.state_dict() returned"
+        )
+    if state["version"] != _LOADER_STATE_VERSION:
+        raise TrainerError(f"unknown Loader state version {state['version']!r}")
+    return state["checkpoint"]
+
+
+class _BatchMoved(Exception):
+    """No constructor served the batch where the Planner said it was: ask again."""
 
 
 def default_device():
@@ -129,9 +164,12 @@ class Loader:
         self.info: dict | None = None  # the job's info (JobInfo.to_msg()), once attached
         self.broadcast_source: int | None = None
         self._delivery = None  # what the constructor sends this rank (mdata.mesh.Delivery)
-        self._restore: dict | None = checkpoint
+        self._restore: dict | None = checkpoint_of(checkpoint)
         self._next_step = 0
-        self._consumed_checkpoint: dict | None = checkpoint
+        self._consumed_checkpoint: dict | None = self._restore
+        self._token = uuid.uuid4().hex  # this Loader's lease on its rank
+        self._generation = 0
+        self._taken: int | None = None  # the last step the caller took and has not acknowledged
         self._queue: queue.Queue = queue.Queue(maxsize=self.prefetch)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -139,15 +177,19 @@ class Loader:
         self.fetch_seconds = 0.0
 
     def attach(self) -> dict:
-        """Register (or find) the job and check this rank against its mesh; done on first use."""
+        """Register (or find) the job, check this rank against its mesh and lease the rank;
+        done on first use. A checkpoint brought here resumes the job from it, even while the
+        job runs (it rewinds it; every rank must bring the same step)."""
         if self.info is None:
             if self.plan is not None:
                 info = _register(self.client, self.plan, job=self.job, checkpoint=self._restore)
             else:
                 info = self._wait_for_job(self.job)
             self._validate_mesh(info)
-            self.info = info.to_msg()
-            self._next_step = info.start_step
+            lease = self._lease()
+            self._generation = lease.generation
+            self._next_step = lease.start_step
+            self.info = {**info.to_msg(), "start_step": lease.start_step}
             mesh = info.mesh.place_tree()
             # Under broadcast_at(axis) only the axis' first rank receives, and it receives all its
             # group needs (the whole sequence for "cp"); the others get the batch from it over the
@@ -155,6 +197,21 @@ class Loader:
             self.broadcast_source = mesh.broadcast_source(self.rank, info.broadcast)
             self._delivery = mesh.delivery(self.rank, info.broadcast)
         return self.info
+
+    def _lease(self):
+        """Claim this rank; a previous holder on its way out (its process just died) gets a few
+        seconds to leave before the claim fails naming both Loaders."""
+        request = AttachRequest(job=self.job, rank=self.rank, client=str(self.client.id),
+                                token=self._token, host=socket.gethostname(), pid=os.getpid(),
+                                checkpoint=self._restore)
+        deadline = time.monotonic() + min(self.timeout, 10.0)
+        while True:
+            try:
+                return ask_sync(self.client, request)
+            except RankTakenError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.25)
 
     def _wait_for_job(self, job: str) -> JobInfo:
         deadline = time.monotonic() + self.timeout
@@ -202,8 +259,20 @@ class Loader:
             step, batch, checkpoint = item
             self._next_step = step + 1
             self._consumed_checkpoint = checkpoint
+            self._taken = step
             delivered += 1
             yield batch
+            self.mark_consumed()  # the caller asks for the next batch: it is done with this one
+        # (a caller that breaks out of the loop has not said it finished the last batch)
+
+    def mark_consumed(self) -> None:
+        """Acknowledge the last batch taken as consumed now (iteration does it when the caller
+        asks for the next batch). The Planner releases a step once every rank consumed it."""
+        step, self._taken = self._taken, None
+        if step is not None:
+            ask_sync(self.client, AckRequest(job=self.job, rank=self.rank, step=step,
+                                             consumed=True, token=self._token,
+                                             generation=self._generation))
 
     def _prefetch_loop(self) -> None:
         from mdata.trainer.tensors import batch_to_torch
@@ -214,17 +283,19 @@ class Loader:
             while not self._stop.is_set() and (end is None or step < end):
                 began = time.monotonic()
                 if self.broadcast_source is not None:
+                    # nothing to fetch, but the step's checkpoint makes this rank resumable too
+                    location = self._locate(step)
                     item = (step, {"step": step, "micro_batches": None,
-                                   "broadcast_from": self.broadcast_source}, None)
-                    self._queue.put(item)
-                    step += 1
-                    continue
-                location = self._locate(step)
-                batch = self._fetch(location)
-                ask_sync(self.client, AckRequest(job=self.job, rank=self.rank, step=step))
-                tensors = batch_to_torch(batch, device=self.device)
+                                   "broadcast_from": self.broadcast_source},
+                            dict(location.checkpoint))
+                else:
+                    location, batch = self._locate_and_fetch(step)
+                    ask_sync(self.client, AckRequest(job=self.job, rank=self.rank, step=step,
+                                                     consumed=False, token=self._token,
+                                                     generation=self._generation))
+                    tensors = batch_to_torch(batch, device=self.device)
+                    item = (step, {"step": step, **tensors}, dict(location.checkpoint))
                 self.fetch_seconds += time.monotonic() - began
-                item = (step, {"step": step, **tensors}, dict(location.checkpoint))
                 while not self._stop.is_set():
                     try:
                         self._queue.put(item, timeout=0.2)
@@ -235,12 +306,29 @@ class Loader:
         except BaseException as exc:  # surface every failure to the consumer, never hang it
             self._queue.put(exc)
 
+    def _locate_and_fetch(self, step: int):
+        """Where the batch is, then the batch; a batch whose constructor died is rebuilt by the
+        cluster, so the Loader asks again where it is until its timeout."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            location = self._locate(step)
+            try:
+                return location, self._fetch(location)
+            except _BatchMoved as exc:
+                if time.monotonic() > deadline:
+                    raise TrainerError(
+                        f"rank {self.rank}: batch of step {step} ({list(location.key)}) could not "
+                        f"be fetched within {self.timeout:.0f}s: {exc}"
+                    ) from None
+                time.sleep(0.1)
+
     def _locate(self, step: int) -> BatchLocation:
         deadline = time.monotonic() + self.timeout
         while True:
             poll = max(0.1, min(self.poll_interval, deadline - time.monotonic()))
             reply = ask_sync(self.client, BatchLocationRequest(
-                job=self.job, rank=self.rank, step=step, timeout=poll))
+                job=self.job, rank=self.rank, step=step, timeout=poll, token=self._token,
+                generation=self._generation))
             if reply.status is Status.OK:
                 return reply.location
             if reply.status is Status.FAILED:
@@ -271,10 +359,7 @@ class Loader:
                 if reply.status is Status.OK:
                     return reply.batch
                 last_error = f"{address} answered {reply.status.value} for {list(reply.key)}"
-            raise TrainerError(
-                f"rank {self.rank}: batch {list(location.key)} is on no reachable constructor "
-                f"({list(location.who_has)}): {last_error}"
-            )
+            raise _BatchMoved(f"no constructor of {list(location.who_has)} served it: {last_error}")
 
         return self.client.sync(pull)
 
@@ -290,13 +375,12 @@ class Loader:
         }
 
     def load_state_dict(self, state: dict) -> None:
-        """Resume from ``state_dict()``; call before iterating (every rank of the job does)."""
+        """Resume from ``state_dict()`` (the same object ``Loader(checkpoint=...)`` takes); call
+        before iterating, on every rank of the job, all from the same step."""
         if self.info is not None:
             raise TrainerError("load_state_dict must be called before the Loader starts iterating")
-        if state.get("version") != _LOADER_STATE_VERSION:
-            raise TrainerError(f"unknown Loader state version {state.get('version')!r}")
-        self._restore = state["checkpoint"]
-        self._consumed_checkpoint = state["checkpoint"]
+        self._restore = checkpoint_of(state)
+        self._consumed_checkpoint = self._restore
 
     def report_metrics(self, step: int, metrics: dict[str, float]) -> None:
         """Send training metrics (e.g. per-source loss) to metric-driven mixture policies."""
@@ -312,6 +396,11 @@ class Loader:
         thread = getattr(self, "_thread", None)
         if thread is not None:
             thread.join(timeout=5)
+        if getattr(self, "info", None) is not None and getattr(self, "client", None) is not None:
+            try:  # end the lease now, so another Loader may take the rank over at once
+                ask_sync(self.client, DetachRequest(job=self.job, rank=self.rank, token=self._token))
+            except Exception:  # noqa: BLE001 - the cluster may be gone; the lease dies with us
+                pass
         if getattr(self, "_owns_client", False):
             self.client.close()
 

@@ -44,6 +44,8 @@ class Handler(str, enum.Enum):
     JOB_INFO = "mdata_job_info"
     WHO_HAS = "mdata_who_has"
     CLOSE_JOB = "mdata_close_job"
+    ATTACH = "mdata_attach"
+    DETACH = "mdata_detach"
     # workers: loaders serve rows, constructors serve batches
     TAKE_ROWS = "mdata_take_rows"
     GET_BATCH = "mdata_get_batch"

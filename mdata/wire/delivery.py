@@ -19,7 +19,7 @@ from typing import Any
 from mdata.batch import Batch
 from mdata.errors import MdataError, TrainerError
 from mdata.wire.codec import (
-    Handler, Message, Reader, Request, Status, check_float, check_int, check_str, key_msg, key_of, serialized,
+    Handler, Message, Reader, Request, Status, check_bool, check_float, check_int, check_str, key_msg, key_of, serialized,
 )
 from mdata.wire.errors import bad_field, error_from_msg, error_to_msg
 from mdata.wire.jobs import OkReply, read_checkpoint
@@ -113,7 +113,8 @@ class BatchLocationReply(Message):
 @dataclass(frozen=True)
 class BatchLocationRequest(Request):
     """Long poll: where is the batch of ``step`` for trainer ``rank``? Answered within ``timeout``
-    seconds (``TIMEOUT`` then)."""
+    seconds (``TIMEOUT`` then). ``token``/``generation``: the asking Loader's lease (from its
+    attach; empty for a caller without one, e.g. a notebook looking around)."""
 
     handler = Handler.BATCH_LOCATION
     reply = BatchLocationReply
@@ -122,21 +123,28 @@ class BatchLocationRequest(Request):
     rank: int
     step: int
     timeout: float
+    token: str = ""
+    generation: int = 0
 
     def to_msg(self) -> dict[str, Any]:
-        return {"job": self.job, "rank": self.rank, "step": self.step, "timeout": self.timeout}
+        return {"job": self.job, "rank": self.rank, "step": self.step, "timeout": self.timeout,
+                "token": self.token, "generation": self.generation}
 
     @classmethod
     def from_msg(cls, msg: Any) -> "BatchLocationRequest":
         r = Reader(cls.__name__, msg)
-        out = cls(r.str("job"), r.int("rank"), r.int("step"), r.float("timeout"))
+        out = cls(r.str("job"), r.int("rank"), r.int("step"), r.float("timeout"),
+                  check_str(r.raw("token", ""), r, "token"),
+                  check_int(r.raw("generation", 0), r, "generation"))
         r.done()
         return out
 
 
 @dataclass(frozen=True)
 class AckRequest(Request):
-    """Trainer ``rank`` consumed its batch of ``step``."""
+    """Trainer ``rank`` consumed its batch of ``step`` (its training loop took the next one, or
+    said so); with ``consumed=False``: the batch was only delivered (fetched by the prefetcher).
+    ``token``/``generation``: the Loader's lease, as in :class:`BatchLocationRequest`."""
 
     handler = Handler.ACK
     reply = OkReply
@@ -144,14 +152,21 @@ class AckRequest(Request):
     job: str
     rank: int
     step: int
+    consumed: bool = True
+    token: str = ""
+    generation: int = 0
 
     def to_msg(self) -> dict[str, Any]:
-        return {"job": self.job, "rank": self.rank, "step": self.step}
+        return {"job": self.job, "rank": self.rank, "step": self.step, "consumed": self.consumed,
+                "token": self.token, "generation": self.generation}
 
     @classmethod
     def from_msg(cls, msg: Any) -> "AckRequest":
         r = Reader(cls.__name__, msg)
-        out = cls(r.str("job"), r.int("rank"), r.int("step"))
+        out = cls(r.str("job"), r.int("rank"), r.int("step"),
+                  check_bool(r.raw("consumed", True), r, "consumed"),
+                  check_str(r.raw("token", ""), r, "token"),
+                  check_int(r.raw("generation", 0), r, "generation"))
         r.done()
         return out
 

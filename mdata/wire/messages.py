@@ -50,6 +50,7 @@ from mdata.wire.inspection import (
     ExactlyOnce, LineageReply, LineageRequest, PoolTargetInfo, StatusCounters, StatusReply,
     StatusRequest, StoryOccurrence, StoryReply, StoryRequest,
 )
+from mdata.wire.trainers import AttachReply, AttachRequest, DetachRequest
 from mdata.wire.jobs import (
     CheckpointReply, CheckpointRequest, CloseJobRequest, JobInfo, JobInfoRequest, JobsReply,
     JobsRequest, MeshShape, OkReply, RegisterJobRequest,
@@ -68,6 +69,8 @@ __all__ = [
     # delivery
     "BatchLocationRequest", "BatchLocation", "BatchLocationReply", "AckRequest",
     "ReportMetricsRequest", "GetBatchRequest", "GetBatchReply",
+    # trainers' leases
+    "AttachRequest", "AttachReply", "DetachRequest",
     # construct
     "WhoHasRequest", "WhoHasReply", "TakeRowsRequest", "TakeRowsReply", "ChunkPull", "ConstructSpec",
 ]
@@ -80,7 +83,8 @@ CATALOGUE: dict[Handler, type[Request]] = {
     for cls in (
         RegisterJobRequest, JobInfoRequest, JobsRequest, BatchLocationRequest, AckRequest,
         ReportMetricsRequest, CheckpointRequest, StatusRequest, StoryRequest, LineageRequest,
-        WhoHasRequest, CloseJobRequest, TakeRowsRequest, GetBatchRequest,
+        WhoHasRequest, CloseJobRequest, TakeRowsRequest, GetBatchRequest, AttachRequest,
+        DetachRequest,
     )
 }
 if set(CATALOGUE) != set(Handler):  # pragma: no cover - a handler added without its request class

@@ -182,6 +182,8 @@ def test_losing_a_loader_worker_loses_no_sample(resilient_cluster):
                     kill_one_loader()
                 for rank, it in ((0, it0), (1, it1)):
                     results.setdefault(rank, []).append(next(it)["sample_ids"].tolist())
+            l0.mark_consumed()  # the training loop is done with its last batch
+            l1.mark_consumed()
         graph = client.sync(client.scheduler.mdata_lineage, job="loss", steps=steps)
         assert graph["exactly_once"]["ok"], graph["exactly_once"]["problems"]
         for rank in range(2):

@@ -87,6 +87,12 @@ MESSAGES = [
     m.BatchLocationReply(m.Status.TIMEOUT),
     m.BatchLocationReply(m.Status.FAILED, reason="building step 5 failed: bug"),
     m.AckRequest(job="pretrain", rank=3, step=5),
+    m.AckRequest(job="pretrain", rank=3, step=5, consumed=False, token="t0k", generation=2),
+    m.BatchLocationRequest(job="pretrain", rank=3, step=5, timeout=2.0, token="t0k", generation=1),
+    m.AttachRequest(job="pretrain", rank=3, client="Client-1", token="t0k", host="node7", pid=42,
+                    checkpoint=None),
+    m.AttachReply(generation=1, start_step=60),
+    m.DetachRequest(job="pretrain", rank=3, token="t0k"),
     m.ReportMetricsRequest(job="pretrain", rank=0, step=1, metrics={"loss/chat": 2.5}),
     m.WhoHasRequest(keys=(("mdata-load", "job", "chat", 0, 256),)),
     m.WhoHasReply(who_has=(("tcp://10.0.0.2:1",), None, ())),
@@ -113,6 +119,7 @@ def test_the_catalogue_names_every_handler_once_with_its_reply():
         "mdata_register_job", "mdata_batch_location", "mdata_ack", "mdata_report_metrics",
         "mdata_checkpoint", "mdata_story", "mdata_lineage", "mdata_status", "mdata_jobs",
         "mdata_job_info", "mdata_who_has", "mdata_close_job", "mdata_take_rows", "mdata_get_batch",
+        "mdata_attach", "mdata_detach",
     }
     for handler, request in m.CATALOGUE.items():
         assert request.handler is handler and issubclass(request.reply, m.Message)
