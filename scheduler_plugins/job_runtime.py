@@ -10,6 +10,8 @@ What the loop may read of the state meanwhile, and how, is the subject of
 :mod:`scheduler_plugins.planner_view`. Replies and the construct task's spec are the typed messages
 of :mod:`mdata.wire.messages`; a failure keeps its :class:`~mdata.errors.MdataError` so that
 trainers raise the same class with its fields.
+
+Where this runs and how a step flows through it: docs/dev/architecture.md.
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ checkpoints and sample stories; each reads and answers the typed messages of
 :mod:`mdata.wire.messages`. It installs mdata's worker plugin on every worker, and runs a
 periodic tick that keeps each job's window of steps in flight. The decisions themselves are made by
 the pure :mod:`mdata.planner`; :mod:`scheduler_plugins.job_runtime` executes them.
+
+Where this runs and how a step flows through it: docs/dev/architecture.md.
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ loader workers that hold them (worker to worker, once per DP group, never once p
 packs them into micro-batches and keeps the finished ``DPBatch`` in worker memory. Trainer ranks
 then pull their own slice (CP split, metadata only for middle pipeline stages) through
 :func:`make_get_batch_handler`, directly from this worker: bulk data never crosses the scheduler.
+
+Where this runs and how a step flows through it: docs/dev/architecture.md.
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ A load task reads one chunk (a contiguous row range of one shard) through the wo
 source's sample transform and keeps the resulting columnar ``SampleChunk`` in worker memory as the
 task's result. The Planner receives only a small summary (sample ids and cost features), never the
 payload. Constructors later pull exactly the rows they need through :func:`take_rows_handler`.
+
+Where this runs and how a step flows through it: docs/dev/architecture.md.
 """
 
 from __future__ import annotations

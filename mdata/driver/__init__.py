@@ -3,6 +3,8 @@
 ``start_cluster`` runs an embedded cluster with one worker pool per source group,
 ``PoolAutoscaler`` resizes those pools from the Planner's targets, ``submit_job`` registers a plan,
 and ``JobHandle`` answers questions about a running job. The demo lives here too.
+
+Where this runs and how a step flows through it: docs/dev/architecture.md.
 """
 
 from mdata.driver.cluster import (

@@ -9,6 +9,8 @@ Modules, in the order a step goes through them:
   :mod:`~mdata.planner.selection` (final samples after skipped rows) and
   :mod:`~mdata.planner.assign` (pricing and balancing over DP ranks);
 * :mod:`~mdata.planner.simulate`: the same state machine run on sample metadata, no cluster.
+
+Where this runs and how a step flows through it: docs/dev/architecture.md.
 """
 
 from mdata.planner.apportion import row_counts_of

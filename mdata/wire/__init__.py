@@ -5,4 +5,6 @@ names every mdata handler and types each request and reply (built from ``codec``
 ``inspection``, ``delivery`` and ``construct``); ``errors`` carries :class:`~mdata.errors.MdataError`
 subclasses across processes with their fields. Both sides import these modules, so they depend
 only on the pure core and on Dask's protocol layer.
+
+Where this runs and how a step flows through it: docs/dev/architecture.md.
 """
