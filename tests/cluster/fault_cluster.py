@@ -8,7 +8,8 @@ group: scheduler, nannies and workers die at once, as when the cluster's machine
 Usage: ``python fault_cluster.py SPEC.pkl ADDRESS_FILE``. ``SPEC.pkl`` holds a dict with
 ``sources`` (Source objects), ``pools`` (PoolSpec objects) and ``constructors``; the scheduler's
 address is written to ``ADDRESS_FILE`` (atomically) once every worker has joined. SIGTERM closes
-the cluster gracefully.
+the cluster gracefully. Should the test process die without closing it (a hard timeout), the group
+kills itself within a second instead of outliving the test.
 """
 
 from __future__ import annotations
@@ -19,7 +20,14 @@ import pickle
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
+
+
+def _die_with_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os.killpg(0, signal.SIGKILL)  # this process's group: the scheduler and every worker
 
 
 def main(spec_path: str, address_file: str) -> int:
@@ -28,6 +36,7 @@ def main(spec_path: str, address_file: str) -> int:
     from mdata.driver import start_cluster
 
     logging.getLogger("distributed").setLevel(logging.ERROR)
+    threading.Thread(target=_die_with_parent, args=(os.getppid(),), daemon=True).start()
     spec = pickle.loads(Path(spec_path).read_bytes())
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

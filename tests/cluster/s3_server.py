@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from faults import HarnessError, free_port
+from fault_procs import HarnessError, free_port
 
 __all__ = ["SeaweedS3", "weed_binary", "weed_unusable_reason"]
 
