@@ -2,8 +2,9 @@
 
 Each test runs the scenario of :mod:`chaos_scenario` with real processes (cluster, workers,
 trainers), inflicts one fault with ``kill -9`` and compares what every rank trained on with an
-uninterrupted run of the same plan: same steps, same sample ids, same tokens. Faults whose recovery
-is still being built live in ``test_chaos_pending.py``.
+uninterrupted run of the same plan: same steps, same sample ids, same tokens. The faults that need
+mdata's own recovery (constructor loss, live resume, storage outage, all in one run) are in
+``test_chaos_recovery.py``.
 """
 
 from __future__ import annotations
