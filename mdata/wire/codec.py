@@ -20,7 +20,7 @@ import numpy as np
 from mdata.wire.errors import MessageError, bad_field, bad_message
 
 __all__ = ["Handler", "Status", "Message", "Request", "Reader", "plain", "key_of", "key_msg",
-           "int_array", "int_tuple", "serialized"]
+           "int_array", "int_tuple", "serialized", "held_msg", "read_held"]
 
 T = TypeVar("T")
 
@@ -277,3 +277,25 @@ def serialized(obj: Any) -> Any:
     from distributed.protocol import to_serialize
 
     return to_serialize(obj)
+
+
+def held_msg(status: Status, key: tuple, field: str, value: Any) -> dict[str, Any]:
+    """A worker's answer about a value it holds under ``key``: ``OK`` with the value under
+    ``field`` (serialized as frames), or ``MISSING`` with the key (it moved or was released)."""
+    if status is Status.OK:
+        return {"status": status.value, field: serialized(value)}
+    return {"status": status.value, "key": key_msg(key)}
+
+
+def read_held(r: "Reader", field: str, kind: type) -> tuple[Status, tuple, Any]:
+    """Read what :func:`held_msg` wrote: (status, key, value) with the value of type ``kind``."""
+    status = r.enum("status", Status)
+    if status is Status.OK:
+        value = r.raw(field)
+        if not isinstance(value, kind):
+            raise r.fail(field, f"must be a {kind.__name__}, got {type(value).__name__}")
+        return status, (), value
+    if status is Status.MISSING:
+        return status, key_of(r.raw("key"), r, "key"), None
+    raise r.fail("status", f"must be OK or missing, got {status.value!r}")
+

@@ -16,8 +16,8 @@ import numpy as np
 
 from mdata.sources.chunk import SampleChunk
 from mdata.wire.codec import (
-    Handler, Message, Reader, Request, Status, check_int, check_str, int_array, int_tuple, key_msg,
-    key_of, list_of, serialized,
+    Handler, Message, Reader, Request, Status, check_int, check_str, held_msg, int_array, int_tuple,
+    key_msg, key_of, list_of, read_held,
 )
 
 __all__ = [
@@ -169,23 +169,12 @@ class TakeRowsReply(Message):
     chunk: SampleChunk | None = None
 
     def to_msg(self) -> dict[str, Any]:
-        if self.status is Status.OK:
-            return {"status": self.status.value, "chunk": serialized(self.chunk)}
-        return {"status": self.status.value, "key": key_msg(self.key)}
+        return held_msg(self.status, self.key, "chunk", self.chunk)
 
     @classmethod
     def from_msg(cls, msg: Any) -> "TakeRowsReply":
         r = Reader(cls.__name__, msg)
-        status = r.enum("status", Status)
-        if status is Status.OK:
-            chunk = r.raw("chunk")
-            if not isinstance(chunk, SampleChunk):
-                raise r.fail("chunk", f"must be a SampleChunk, got {type(chunk).__name__}")
-            out = cls(status, (), chunk)
-        elif status is Status.MISSING:
-            out = cls(status, key_of(r.raw("key"), r, "key"))
-        else:
-            raise r.fail("status", f"must be OK or missing, got {status.value!r}")
+        out = cls(*read_held(r, "chunk", SampleChunk))
         r.done()
         return out
 

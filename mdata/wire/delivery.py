@@ -19,7 +19,8 @@ from typing import Any
 from mdata.batch import Batch
 from mdata.errors import MdataError, TrainerError
 from mdata.wire.codec import (
-    Handler, Message, Reader, Request, Status, check_bool, check_float, check_int, check_str, key_msg, key_of, serialized,
+    Handler, Message, Reader, Request, Status, check_bool, check_float, check_int, check_str,
+    held_msg, key_msg, key_of, read_held,
 )
 from mdata.wire.errors import bad_field, error_from_msg, error_to_msg
 from mdata.wire.jobs import OkReply, read_checkpoint
@@ -204,23 +205,12 @@ class GetBatchReply(Message):
     batch: Batch | None = None
 
     def to_msg(self) -> dict[str, Any]:
-        if self.status is Status.OK:
-            return {"status": self.status.value, "batch": serialized(self.batch)}
-        return {"status": self.status.value, "key": key_msg(self.key)}
+        return held_msg(self.status, self.key, "batch", self.batch)
 
     @classmethod
     def from_msg(cls, msg: Any) -> "GetBatchReply":
         r = Reader(cls.__name__, msg)
-        status = r.enum("status", Status)
-        if status is Status.OK:
-            batch = r.raw("batch")
-            if not isinstance(batch, Batch):
-                raise r.fail("batch", f"must be a Batch, got {type(batch).__name__}")
-            out = cls(status, (), batch)
-        elif status is Status.MISSING:
-            out = cls(status, key_of(r.raw("key"), r, "key"))
-        else:
-            raise r.fail("status", f"must be OK or missing, got {status.value!r}")
+        out = cls(*read_held(r, "batch", Batch))
         r.done()
         return out
 
