@@ -43,6 +43,19 @@ def subprocess_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)), "PYTHONUNBUFFERED": "1"}
 
 
+def kill_group(proc: "subprocess.Popen | None") -> None:
+    """SIGKILL a process started in its own session, with everything it started; returns None
+    (what the caller's handle becomes)."""
+    if proc is None:
+        return None
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=30)
+    return None
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -115,14 +128,7 @@ class ClusterProcess:
     def kill(self) -> None:
         """Lose the whole cluster at once: SIGKILL to scheduler, nannies and workers."""
         self._drop_client()  # first, or it would try to reconnect to the dead scheduler
-        if self.proc is None:
-            return
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait(timeout=30)
-        self.proc = None
+        self.proc = kill_group(self.proc)
 
     def close(self) -> None:
         """Shut down gracefully (SIGTERM), and SIGKILL whatever is left after 30 s."""

@@ -10,16 +10,14 @@ tests and other services do not collide, and reused on restart.
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from fault_procs import HarnessError, free_port
+from fault_procs import HarnessError, free_port, kill_group
 
 __all__ = ["SeaweedS3", "weed_binary", "weed_unusable_reason"]
 
@@ -114,14 +112,7 @@ class SeaweedS3:
 
     def kill(self) -> None:
         """Crash the server: SIGKILL to its process group; the data folder stays."""
-        if self.proc is None:
-            return
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait(timeout=30)
-        self.proc = None
+        self.proc = kill_group(self.proc)
 
     close = kill
 
