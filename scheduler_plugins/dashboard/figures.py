@@ -65,7 +65,7 @@ def sources_figures(runtime: "JobRuntime", *, now: float | None = None) -> dict[
     now = time.monotonic() if now is None else now
     wall = time.time()
     figures = runtime.source_meter.snapshot(now)
-    waits = dict(getattr(runtime, "storage_waits", {}))
+    waits = dict(runtime.storage_waits)
     cols: dict[str, list] = {k: [] for k in (
         "source", "samples_per_s", "loaded_samples", "loaded_chunks", "failed_chunks",
         "backlog_chunks", "backlog_rows", "pool_workers", "target_workers", "reason", "storage")}
