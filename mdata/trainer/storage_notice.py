@@ -50,9 +50,9 @@ class StorageNotice:
             return None
         if not waits:
             return None
-        text = (f"rank {self.rank} has waited {waited_s:.0f}s for step {step}: job {self.job!r} "
-                "waits on storage for " + "; ".join(
-                    f"source {name!r} ({describe_storage_wait(w.since, w.attempts, w.last_error)})"
-                    for name, w in sorted(waits.items())))
+        text = (f"rank {self.rank} has waited {waited_s:.0f}s for step {step} of job {self.job!r}: "
+                + "; ".join(f"source {name!r} is "
+                            + describe_storage_wait(w.since, w.attempts, w.last_error)
+                            for name, w in sorted(waits.items())))
         logger.warning(text)
         return text

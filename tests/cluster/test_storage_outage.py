@@ -31,6 +31,7 @@ from distributed.utils import sync
 from fixtures_s3 import AWS_TEST_ENV, S3Server
 from mdata.driver import JobHandle, PoolSpec, start_cluster, submit_job
 from mdata.trainer import Loader
+from mdata.trainer.storage_notice import StorageNotice
 from test_failures import plan_for
 from test_recovery import close, received
 
@@ -91,9 +92,10 @@ def outage_plan(sources):
 
 
 def train(client, job: str, ranks: int = 2, *, arrived: threading.Barrier | None = None,
-          go: threading.Event | None = None) -> tuple[dict[int, list], dict[int, list[float]]]:
-    """Every rank's received steps and when each arrived; with ``arrived``/``go``, each rank meets
-    the others after :data:`BEFORE_OUTAGE` steps and waits for ``go`` before taking the next."""
+          go: threading.Event | None = None):
+    """Start a thread per rank; returns (threads, received steps per rank, when each arrived,
+    errors). With ``arrived``/``go``, each rank meets the others after :data:`BEFORE_OUTAGE`
+    steps and waits for ``go`` before taking the next."""
     got: dict[int, list] = {r: [] for r in range(ranks)}
     times: dict[int, list[float]] = {r: [] for r in range(ranks)}
     errors: list[BaseException] = []
@@ -196,6 +198,12 @@ def test_an_s3_outage_is_shown_while_trainers_wait_and_nothing_is_lost_or_repeat
         text, rows = dashboard_storage_line(cluster)
         assert "<b>chat</b>: waiting on storage since " in text and "code" not in text
         assert rows["chat"].startswith("waiting on storage since ") and rows["code"] == ""
+        # what a Loader long without its batch logs (after 10 s there; at once here)
+        notice = StorageNotice(client, "outage", rank=0, after_s=0.0)
+        warning = notice.waiting(BEFORE_OUTAGE + 1, 12.0)
+        assert warning.startswith(f"rank 0 has waited 12s for step {BEFORE_OUTAGE + 1} of job 'outage': "
+                                  "source 'chat' is waiting on storage since ")
+        assert notice.waiting(BEFORE_OUTAGE + 1, 13.0) is None  # at most once every 30 s
 
         # the outage goes on: the attempts grow, the trainers stay where they are
         stalled = {r: len(got[r]) for r in range(2)}
@@ -213,6 +221,7 @@ def test_an_s3_outage_is_shown_while_trainers_wait_and_nothing_is_lost_or_repeat
         after = [next(t for t in times[r] if t >= up) for r in range(2)]
         assert max(after) - up < 30  # storage back: training goes on
         wait_for(lambda: job.storage_waits() == {}, 10, "the wait did not end in the status")
+        assert StorageNotice(client, "outage", rank=0, after_s=0.0).waiting(STEPS, 12.0) is None
         status = job.status()
         assert status["failure"] is None
         lineage = job.lineage(STEPS)
