@@ -9,7 +9,9 @@ uninterrupted run of the same plan on the same cluster:
   after the constructor worker was killed (each step's wait minus the median wait of the
   uninterrupted run, summed), with ``samples_lost`` and ``samples_repeated`` (must be 0);
 * ``reliability.live_resume_ok``: ranks that ran ahead restart from an earlier checkpoint on the
-  live cluster; 1 when they then receive exactly the uninterrupted run's steps.
+  live cluster; 1 when they then receive exactly the uninterrupted run's steps;
+* ``reliability.storage_outage_recovery_s``: from the S3 server coming back to the next step
+  every rank received (:mod:`benchmarks.reliability_storage`), with samples lost and repeated.
 
 Figures are medians over repetitions (one in ``--quick``); the machine is noisy.
 """
@@ -24,6 +26,7 @@ import time
 from collections import Counter
 
 from benchmarks.harness import figure
+from benchmarks.reliability_storage import storage_outage_recovery
 from benchmarks.workload import corpus_dir
 from mdata.cost import AttentionCost
 from mdata.data.example import example_sources
@@ -144,4 +147,10 @@ def run(quick: bool = False) -> dict:
             figures.update(constructor_kill_stall(client, plan, steps, fault_at=steps // 2,
                                                   repeats=repeats))
             figures.update(live_resume(client, plan, steps, resume_at=steps // 3))
+    outage = storage_outage_recovery(repeats=repeats)
+    figures["reliability.storage_outage_recovery_s"] = figure(
+        outage.pop("reliability.storage_outage_recovery_s"), unit="s",
+        goal="training goes on within seconds of storage returning",
+        note=f"median of {repeats} outage(s) of 3 s; S3 (moto) stopped and restarted mid-run")
+    figures.update(outage)
     return figures

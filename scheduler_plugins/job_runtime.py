@@ -29,9 +29,10 @@ import numpy as np
 from mdata import planner as ps
 from mdata.errors import MdataError
 from mdata.observe import SourceMeter, TrainerMeter
+from mdata.sources import SourceStorageWait
 from mdata.wire.messages import (
     BatchLocation, BatchLocationReply, ChunkPull, ConstructSpec, PoolTargetInfo, Status,
-    StatusCounters, StatusReply,
+    StatusCounters, StatusReply, StorageWaitInfo,
 )
 from mdata.planner.roster import Holder, TrainerRoster
 from mdata.wire.messages import AttachReply, AttachRequest
@@ -96,6 +97,8 @@ class JobRuntime:
         # What the dashboard shows (mdata.observe): loads per source, trainer waits per step.
         self.source_meter = SourceMeter(tuple(plan.source_names), now=time.monotonic())
         self.trainer_meter = TrainerMeter()
+        # this job's sources waiting on storage, set by the Planner's poll (storage_poll.py)
+        self.storage_waits: dict[str, SourceStorageWait] = {}
         self._tasks: set[asyncio.Task] = set()
         self._closed = False
         self._pending: list = []  # acknowledgements waiting for the Planner (see _handle_coalesced)
@@ -460,6 +463,7 @@ class JobRuntime:
     def status(self, max_steps: int = 10_000) -> StatusReply:
         """A snapshot for trainers, the demo summary and the dashboard (counters from the view)."""
         view = self.view
+        now = time.time()
         return StatusReply(
             job=self.job,
             failure=self.failure,
@@ -480,6 +484,8 @@ class JobRuntime:
                 truncated=view.truncated,
                 skipped=dict(view.skipped),
             ),
+            storage_waits={name: StorageWaitInfo.of(wait, now)
+                           for name, wait in self.storage_waits.items()},
         )
 
     # -- lifecycle -------------------------------------------------------------------------------

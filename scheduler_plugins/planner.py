@@ -33,6 +33,7 @@ from mdata.wire import messages as msg
 from scheduler_plugins.dashboard.pages import register_pages
 from scheduler_plugins.dashboard.routes import register_routes
 from scheduler_plugins.job_runtime import JobRuntime, pool_resource
+from scheduler_plugins.storage_poll import StoragePoller
 from workers.loader import as_key
 from workers.plugin import PLUGIN_NAME, MdataWorkerPlugin
 
@@ -70,6 +71,8 @@ class PlannerPlugin(SchedulerPlugin):
         self._client_lock: asyncio.Lock | None = None
         self._periodic: PeriodicCallback | None = None
         self._handlers: dict[str, Any] = {}  # handler name -> the function Dask calls
+        self.storage_poll_s = config.seconds("planner.storage-poll-interval")
+        self.storage: StoragePoller | None = None  # which sources wait on storage (storage_poll)
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self, scheduler) -> None:
@@ -97,6 +100,7 @@ class PlannerPlugin(SchedulerPlugin):
         await scheduler.register_worker_plugin(
             None, pickle_dumps(MdataWorkerPlugin()), name=PLUGIN_NAME, idempotent=True
         )
+        self.storage = StoragePoller(scheduler, interval=self.storage_poll_s)
         self._periodic = PeriodicCallback(self._tick, self.tick_ms)
         self._periodic.start()
         scheduler.extensions["mdata"] = self  # dashboard pages find the Planner here
@@ -104,6 +108,8 @@ class PlannerPlugin(SchedulerPlugin):
     async def close(self) -> None:
         if self._periodic is not None:
             self._periodic.stop()
+        if self.storage is not None:
+            self.storage.close()
         for job in list(self.jobs.values()):
             await job.close()
         self.jobs.clear()
@@ -122,6 +128,8 @@ class PlannerPlugin(SchedulerPlugin):
     async def _tick(self) -> None:
         if self.scheduler is None or self.scheduler.status != Status.running:
             return  # closing: no new tasks (their client is going away)
+        if self.storage is not None:
+            self.storage.tick(self.jobs)  # starts a poll now and then; never waits for it
         for job in list(self.jobs.values()):
             await job.tick()
 

@@ -16,8 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from mdata.sources import Source, SampleChunk, default_reader_cache, load_chunk
-from mdata.wire.messages import Status, TakeRowsReply, TakeRowsRequest
+from mdata.sources import Source, SampleChunk, default_reader_cache, load_chunk, storage_waits
+from mdata.wire.messages import (
+    Status, StorageWaitsReply, StorageWaitsRequest, TakeRowsReply, TakeRowsRequest,
+)
 
 
 def load_chunk_task(source: Source, shard: int, start: int, stop: int) -> SampleChunk:
@@ -57,3 +59,10 @@ def make_take_rows_handler(worker):
         return TakeRowsReply(Status.OK, req.key, chunk.take(np.asarray(req.indices, dtype=np.int64)))
 
     return take_rows
+
+
+def storage_waits_handler(req: StorageWaitsRequest) -> StorageWaitsReply:
+    """The function behind ``mdata_storage_waits``: the sources of this worker process whose
+    loads (or listings) are waiting out unreachable storage right now. The Planner polls it to
+    tell operators which source waits and since when (``scheduler_plugins/storage_poll.py``)."""
+    return StorageWaitsReply.of(storage_waits())

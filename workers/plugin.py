@@ -10,15 +10,16 @@ from __future__ import annotations
 from distributed.diagnostics.plugin import WorkerPlugin
 
 import mdata.wire.frames  # noqa: F401  registers the batch wire format on this worker
-from mdata.wire.messages import GetBatchRequest, TakeRowsRequest, serve
+from mdata.wire.messages import GetBatchRequest, StorageWaitsRequest, TakeRowsRequest, serve
 from workers.constructor import make_get_batch_handler
-from workers.loader import make_take_rows_handler
+from workers.loader import make_take_rows_handler, storage_waits_handler
 
 PLUGIN_NAME = "mdata-worker"
 
 
 class MdataWorkerPlugin(WorkerPlugin):
-    """Adds the row-serving (loader) and batch-serving (constructor) handlers to a worker."""
+    """Adds the row-serving (loader) and batch-serving (constructor) handlers to a worker, and
+    the one that reports its sources waiting on storage."""
 
     idempotent = True
     name = PLUGIN_NAME
@@ -26,7 +27,8 @@ class MdataWorkerPlugin(WorkerPlugin):
     def setup(self, worker) -> None:
         worker.handlers[TakeRowsRequest.handler.value] = serve(TakeRowsRequest, make_take_rows_handler(worker))
         worker.handlers[GetBatchRequest.handler.value] = serve(GetBatchRequest, make_get_batch_handler(worker))
+        worker.handlers[StorageWaitsRequest.handler.value] = serve(StorageWaitsRequest, storage_waits_handler)
 
     def teardown(self, worker) -> None:
-        for request in (TakeRowsRequest, GetBatchRequest):
+        for request in (TakeRowsRequest, GetBatchRequest, StorageWaitsRequest):
             worker.handlers.pop(request.handler.value, None)

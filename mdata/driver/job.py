@@ -164,8 +164,15 @@ class JobHandle:
     def status(self) -> dict[str, Any]:
         """A snapshot: per-step summaries (``steps``, keyed by step as a string), counters
         (planned / balanced / consumed step, chunks, truncated and skipped samples), per-rank
-        consumption and wait time, pool targets, and ``failure`` (None while the job is healthy)."""
+        consumption and wait time, pool targets, ``failure`` (None while the job is healthy) and
+        ``storage_waits``: per source whose loads wait on unreachable storage right now,
+        ``since`` (wall clock), ``waited_s``, ``attempts``, ``last_error``, ``workers`` and
+        ``targets`` (empty while storage answers; the Planner hears it within about a second)."""
         return self._ask(StatusRequest(self.job)).to_msg()
+
+    def storage_waits(self) -> dict[str, dict[str, Any]]:
+        """``status()["storage_waits"]``: the job's sources now waiting on storage, by name."""
+        return self.status()["storage_waits"]
 
     def step_summaries(self) -> list[dict[str, Any]]:
         """The per-step summaries of :meth:`status`, as a list sorted by step."""

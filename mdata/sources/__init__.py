@@ -7,7 +7,8 @@
 - Transforms — :class:`TokenizeText`, :class:`DecodeImageCaption`, or a :class:`SampleTransform`
   subclass of your own.
 - Storage outages are waited out under a :class:`RetryPolicy` (``mdata.storage.*``);
-  :func:`storage_waits` tells which sources of this process are waiting on storage right now.
+  :func:`storage_waits` tells which sources of this process are waiting on storage right now,
+  :func:`merge_storage_waits` merges the reports of several workers per source.
 
 Everything here is numpy/pyarrow/fsspec only: no Dask, no torch.
 """
@@ -30,6 +31,7 @@ from mdata.sources.transforms import (
     Transform,
 )
 from mdata.sources.waits import StorageWait, storage_waits
+from mdata.sources.wait_report import SourceStorageWait, describe_storage_wait, merge_storage_waits
 
 __all__ = [
     "ChunkContext",
@@ -49,11 +51,14 @@ __all__ = [
     "SkippedSample",
     "Source",
     "SourceListing",
+    "SourceStorageWait",
     "StorageWait",
     "TokenizeText",
     "Transform",
     "default_reader_cache",
+    "describe_storage_wait",
     "list_shards",
     "load_chunk",
+    "merge_storage_waits",
     "storage_waits",
 ]

@@ -33,6 +33,8 @@ class StorageWait:
         attempts: failed attempts so far, summed over its ongoing waits.
         last_error: the most recent failure, as ``"TypeName: message"``.
         targets: what is being waited on, sorted: shard URLs, or the source's URL while listing.
+        last_failed: wall-clock time of the most recent failed attempt (the one ``last_error``
+            describes), so that waits reported by several workers can tell whose error is newest.
     """
 
     source: str
@@ -40,6 +42,7 @@ class StorageWait:
     attempts: int
     last_error: str
     targets: tuple[str, ...]
+    last_failed: float = 0.0
 
     @property
     def waited_s(self) -> float:
@@ -55,6 +58,7 @@ class StorageWait:
             "attempts": self.attempts,
             "last_error": self.last_error,
             "targets": list(self.targets),
+            "last_failed": self.last_failed,
         }
 
 
@@ -99,16 +103,18 @@ class _Registry:
         by_source: dict[str, list[_Wait]] = {}
         for wait in waits:
             by_source.setdefault(wait.source, []).append(wait)
-        return {
-            name: StorageWait(
+        out = {}
+        for name, group in sorted(by_source.items()):
+            latest = max(group, key=lambda w: w.last_at)
+            out[name] = StorageWait(
                 source=name,
                 since=min(w.since for w in group),
                 attempts=sum(w.attempts for w in group),
-                last_error=max(group, key=lambda w: w.last_at).last_error,
+                last_error=latest.last_error,
                 targets=tuple(sorted({w.target for w in group})),
+                last_failed=latest.last_at,
             )
-            for name, group in sorted(by_source.items())
-        }
+        return out
 
 
 _registry = _Registry()

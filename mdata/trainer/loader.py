@@ -35,6 +35,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from mdata.errors import MeshError, RankTakenError, TrainerError, TrainerTimeoutError
+from mdata.trainer.storage_notice import StorageNotice
 from mdata.wire.messages import (
     AckRequest, AttachRequest, BatchLocation, BatchLocationRequest, DetachRequest, GetBatchRequest,
     JobInfo, JobInfoRequest, JobsRequest, NoHandlerError, RegisterJobRequest, ReportMetricsRequest,
@@ -175,6 +176,7 @@ class Loader:
         self._thread: threading.Thread | None = None
         self.wait_seconds = 0.0
         self.fetch_seconds = 0.0
+        self._storage_notice = StorageNotice(self.client, job, self.rank)  # long waits: why
 
     def attach(self) -> dict:
         """Register (or find) the job, check this rank against its mesh and lease the rank;
@@ -323,7 +325,8 @@ class Loader:
                 time.sleep(0.1)
 
     def _locate(self, step: int) -> BatchLocation:
-        deadline = time.monotonic() + self.timeout
+        began = time.monotonic()
+        deadline = began + self.timeout
         while True:
             poll = max(0.1, min(self.poll_interval, deadline - time.monotonic()))
             reply = ask_sync(self.client, BatchLocationRequest(
@@ -336,6 +339,7 @@ class Loader:
                 raise reply.failure(f"rank {self.rank}, step {step}")
             if self._stop.is_set():
                 raise TrainerError("loader closed")
+            self._storage_notice.waiting(step, time.monotonic() - began)
             if time.monotonic() > deadline:
                 raise TrainerTimeoutError(
                     f"rank {self.rank}: the batch of step {step} was not ready within "

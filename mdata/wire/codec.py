@@ -49,13 +49,14 @@ class Handler(str, enum.Enum):
     # workers: loaders serve rows, constructors serve batches
     TAKE_ROWS = "mdata_take_rows"
     GET_BATCH = "mdata_get_batch"
+    STORAGE_WAITS = "mdata_storage_waits"  # any mdata worker: its sources waiting on storage
 
     def __str__(self) -> str:
         return self.value
 
 
-SCHEDULER_HANDLERS = tuple(h for h in Handler if h not in (Handler.TAKE_ROWS, Handler.GET_BATCH))
-WORKER_HANDLERS = (Handler.TAKE_ROWS, Handler.GET_BATCH)
+WORKER_HANDLERS = (Handler.TAKE_ROWS, Handler.GET_BATCH, Handler.STORAGE_WAITS)
+SCHEDULER_HANDLERS = tuple(h for h in Handler if h not in WORKER_HANDLERS)
 
 
 class Status(str, enum.Enum):

@@ -19,6 +19,7 @@ from mdata.wire.codec import (
     Handler, Message, Reader, check_dict, check_float, check_int, check_mapping, check_str,
 )
 from mdata.wire.jobs import JobRequest
+from mdata.wire.storage import StorageWaitInfo, read_storage_wait
 
 __all__ = [
     "StatusRequest", "StatusReply", "StatusCounters", "PoolTargetInfo", "StoryRequest",
@@ -79,7 +80,9 @@ def _pool_target(value: Any, r: Reader, name: str) -> PoolTargetInfo:
 @dataclass(frozen=True)
 class StatusReply(Message):
     """A snapshot of one job: per-step summaries (``steps``, keyed by the step as a string),
-    counters, pool targets, per-rank consumption and wait, and ``failure`` (None while healthy)."""
+    counters, pool targets, per-rank consumption and wait, ``failure`` (None while healthy), and
+    ``storage_waits``: the job's sources whose loads wait on unreachable storage right now (empty
+    while storage answers), as the Planner last heard from the loader workers."""
 
     job: str
     failure: str | None
@@ -91,6 +94,7 @@ class StatusReply(Message):
     trainer_wait_s: Mapping[str, float]
     consumed_steps: Mapping[str, int]
     counters: StatusCounters
+    storage_waits: Mapping[str, StorageWaitInfo] = field(default_factory=dict)
 
     def to_msg(self) -> dict[str, Any]:
         return {
@@ -104,6 +108,7 @@ class StatusReply(Message):
             "trainer_wait_s": dict(self.trainer_wait_s),
             "consumed_steps": dict(self.consumed_steps),
             "counters": self.counters.to_msg(),
+            "storage_waits": {k: v.to_msg() for k, v in self.storage_waits.items()},
         }
 
     @classmethod
@@ -120,6 +125,7 @@ class StatusReply(Message):
             trainer_wait_s=r.mapping("trainer_wait_s", check_float),
             consumed_steps=r.mapping("consumed_steps", check_int),
             counters=StatusCounters.from_msg(r.raw("counters")),
+            storage_waits=r.mapping("storage_waits", read_storage_wait),
         )
         r.done()
         return out

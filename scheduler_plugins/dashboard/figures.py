@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from mdata.errors import MdataError
 from mdata.ids import SampleId
+from mdata.sources import describe_storage_wait
 
 if TYPE_CHECKING:
     from scheduler_plugins.job_runtime import JobRuntime
@@ -57,13 +58,21 @@ def pool_workers(scheduler, source: str) -> int:
 
 
 def sources_figures(runtime: "JobRuntime", *, now: float | None = None) -> dict[str, Any]:
-    """Per source: samples/s (recent window), loaded samples, backlog, pool size and target."""
+    """Per source: samples/s (recent window), loaded samples, backlog, pool size and target, and
+    whether its loads wait on unreachable storage: ``storage`` is the sentence the dashboard
+    shows (empty while storage answers), ``storage_waits`` the figures behind it (since, waited_s,
+    attempts, last_error, workers, targets) for the waiting sources only."""
     now = time.monotonic() if now is None else now
+    wall = time.time()
     figures = runtime.source_meter.snapshot(now)
+    waits = dict(runtime.storage_waits)
     cols: dict[str, list] = {k: [] for k in (
         "source", "samples_per_s", "loaded_samples", "loaded_chunks", "failed_chunks",
-        "backlog_chunks", "backlog_rows", "pool_workers", "target_workers", "reason")}
+        "backlog_chunks", "backlog_rows", "pool_workers", "target_workers", "reason", "storage")}
     for f in figures:
+        wait = waits.get(f.source)
+        cols["storage"].append("" if wait is None else
+                               describe_storage_wait(wait.since, wait.attempts, wait.last_error))
         target = runtime.pool_targets.get(f.source)
         cols["source"].append(f.source)
         cols["samples_per_s"].append(f.samples_per_s)
@@ -75,7 +84,8 @@ def sources_figures(runtime: "JobRuntime", *, now: float | None = None) -> dict[
         cols["pool_workers"].append(pool_workers(runtime.scheduler, f.source))
         cols["target_workers"].append(None if target is None else int(target["workers"]))
         cols["reason"].append(NO_TARGET_REASON if target is None else str(target["reason"]))
-    return {"job": runtime.job, "window_s": runtime.source_meter.window_s, **cols}
+    return {"job": runtime.job, "window_s": runtime.source_meter.window_s, **cols,
+            "storage_waits": {name: wait.to_dict(wall) for name, wait in waits.items()}}
 
 
 def mixture_figures(runtime: "JobRuntime", *, last: int | None = None) -> dict[str, Any]:

@@ -2,10 +2,14 @@
 
 A source whose backlog keeps growing while its samples/s stays flat is starving the trainers; the
 table beside the bars shows how many workers serve its pool, the Planner's target for the pool and
-the sentence the Planner gave for that target.
+the sentence the Planner gave for that target. A source whose loads wait on unreachable storage
+gets a line above the bars, and the same sentence in its row ("waiting on storage since 14:03:07
+(12 attempts, last error ...)"), so an outage is told apart from a slow pool at a glance.
 """
 
 from __future__ import annotations
+
+import html
 
 from bokeh.layouts import column, row
 from bokeh.models import ColumnDataSource, DataTable, Div, FactorRange, NumberFormatter, TableColumn
@@ -15,7 +19,7 @@ from scheduler_plugins.dashboard.common import JobSelect, colour, job_message, s
 from scheduler_plugins.dashboard.figures import sources_figures
 
 COLUMNS = ("source", "samples_per_s", "loaded_samples", "backlog_chunks", "backlog_rows",
-           "failed_chunks", "pool_workers", "target", "reason", "color")
+           "failed_chunks", "pool_workers", "target", "reason", "storage", "color")
 
 
 class SourcesPanel:
@@ -45,20 +49,25 @@ class SourcesPanel:
                 TableColumn(field="failed_chunks", title="failed", width=50),
                 TableColumn(field="pool_workers", title="pool workers", width=80),
                 TableColumn(field="target", title="target", width=50),
-                TableColumn(field="reason", title="reason", width=700),
+                TableColumn(field="reason", title="reason", width=500),
+                TableColumn(field="storage", title="storage", width=500),
             ],
         )
         self.message = Div()
-        self.root = column(row(self.jobs.widget, self.message), row(self.rate, self.backlog,
-                           sizing_mode="stretch_width"), self.table, **kwargs)
+        self.storage = Div(styles={"color": "#b00020"})  # one line per source waiting on storage
+        self.root = column(row(self.jobs.widget, self.message), self.storage,
+                           row(self.rate, self.backlog, sizing_mode="stretch_width"), self.table,
+                           **kwargs)
 
     def update(self) -> None:
         runtime = self.jobs.current()
         self.message.text = job_message(self.scheduler, runtime)
         if runtime is None:
             self.source.data = {c: [] for c in COLUMNS}
+            self.storage.text = ""
             return
         figs = sources_figures(runtime)
+        self.storage.text = storage_lines(figs)
         names = figs["source"]
         data = {c: list(figs[c]) for c in COLUMNS if c in figs}
         data["target"] = ["" if t is None else str(t) for t in figs["target_workers"]]
@@ -66,6 +75,12 @@ class SourcesPanel:
         if list(self.rate.x_range.factors) != names:
             self.rate.x_range.factors = names
         self.source.data = data
+
+
+def storage_lines(figs: dict) -> str:
+    """HTML: ``source: waiting on storage since ...`` for each waiting source; empty when none."""
+    return "<br>".join(f"<b>{html.escape(name)}</b>: {html.escape(line)}"
+                       for name, line in zip(figs["source"], figs["storage"]) if line)
 
 
 def sources_doc(scheduler, extra, doc) -> None:

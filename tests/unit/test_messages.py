@@ -58,6 +58,12 @@ STATUS = m.StatusReply(
     counters=m.StatusCounters(planned_step=6, balanced_step=5, consumed_step=4, chunks_loaded=3,
                               truncated=0, skipped={"chat": 1, "code": 0}),
 )
+STORAGE_WAIT = m.WorkerStorageWait(source="web", since=1.7e9, attempts=3,
+                                   last_error="EndpointConnectionError: Could not connect",
+                                   targets=("s3://b/web/a.parquet",), last_failed=1.7e9 + 2.5)
+WAITING_STATUS = m.StatusReply(**{**STATUS.__dict__, "storage_waits": {"web": m.StorageWaitInfo(
+    since=1.7e9, waited_s=4.5, attempts=7, last_error="EndpointConnectionError: Could not connect",
+    workers=("tcp://10.0.0.2:1", "tcp://10.0.0.3:1"), targets=("s3://b/web/a.parquet",))}})
 STORY = m.StoryReply((m.StoryOccurrence(3, ({"event": "planned", "step": 1, "dp_rank": 0},
                                             {"event": "consumed", "step": 1, "ranks": [0, 1]})),))
 LINEAGE = m.LineageReply(samples={"0": {"0": [[0, 1, 17], [1, 0, 3]], "1": []}}, forgotten_before=0,
@@ -101,6 +107,10 @@ MESSAGES = [
     m.GetBatchRequest(key=("mdata-construct", "job", 3, 1), cp_rank=1, receives_tokens=True,
                       receives_labels=False),
     m.GetBatchReply(m.Status.MISSING, key=("mdata-construct", "job", 3, 1)),
+    m.StorageWaitsRequest(),
+    m.StorageWaitsReply((STORAGE_WAIT,)),
+    m.StorageWaitsReply(()),
+    WAITING_STATUS,
 ]
 
 
@@ -119,7 +129,7 @@ def test_the_catalogue_names_every_handler_once_with_its_reply():
         "mdata_register_job", "mdata_batch_location", "mdata_ack", "mdata_report_metrics",
         "mdata_checkpoint", "mdata_story", "mdata_lineage", "mdata_status", "mdata_jobs",
         "mdata_job_info", "mdata_who_has", "mdata_close_job", "mdata_take_rows", "mdata_get_batch",
-        "mdata_attach", "mdata_detach",
+        "mdata_attach", "mdata_detach", "mdata_storage_waits",
     }
     for handler, request in m.CATALOGUE.items():
         assert request.handler is handler and issubclass(request.reply, m.Message)

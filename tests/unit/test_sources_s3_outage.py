@@ -21,6 +21,8 @@ import pytest
 import tiktoken
 
 from fixtures_faults import closed_port
+from fixtures_s3 import S3Server, outage_options
+from fixtures_s3 import restore as restore_objects
 from fixtures_sources import Store, stdlib_texts, write_parquet
 from mdata.errors import MdataError, StorageUnavailableError
 from mdata.sources import ReaderCache, RetryPolicy, Source, list_shards, load_chunk, storage_waits
@@ -33,32 +35,7 @@ def expected_tokens(text: str) -> list[int]:
 
 
 def options(port: int) -> dict[str, Any]:
-    return {
-        "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}"},
-        "config_kwargs": {"retries": {"max_attempts": 0}},
-        # No read-ahead cache: each row group read is its own ranged GET, so reads after the
-        # outage really go to the server (a 50 MB block would have fetched the small shards whole).
-        "default_cache_type": "none",
-    }
-
-
-class S3Server:
-    """A moto S3 server on one fixed port of 127.0.0.1 that can be stopped and started again."""
-
-    def __init__(self) -> None:
-        self.port = closed_port()
-        self._server = None
-
-    def start(self) -> None:
-        from moto.server import ThreadedMotoServer
-
-        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
-        self._server.start()
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.stop()
-            self._server = None
+    return outage_options(port)
 
 
 @pytest.fixture
@@ -97,14 +74,7 @@ def write_shards(s3: S3Server, bucket: str, texts: list[str]) -> dict[str, bytes
 
 def restore(s3: S3Server, bucket: str, objects: dict[str, bytes]) -> None:
     """Put back any object a restarted server lost (moto's in-process backend usually keeps them)."""
-    import s3fs
-
-    fs = s3fs.S3FileSystem(**options(s3.port), skip_instance_cache=True)
-    if not fs.exists(bucket):
-        fs.mkdir(bucket)
-    for path, data in objects.items():
-        if not fs.exists(path) or fs.cat_file(path) != data:
-            fs.pipe_file(path, data)
+    restore_objects(s3.port, bucket, objects)
 
 
 def test_reads_resume_after_the_server_restarts_with_every_row_once(s3):
