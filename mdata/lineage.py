@@ -29,7 +29,7 @@ from mdata.errors import PlanError
 from mdata.lineage_events import (
     CONSUMED as _CONSUMED, DELIVERED as _DELIVERED, LOAD_COLUMNS as _LOAD_COLUMNS,
     RANK_COLUMNS as _RANK_COLUMNS, SAMPLE_COLUMNS as _SAMPLE_COLUMNS, SKIP_COLUMNS as _SKIP_COLUMNS,
-    Event, LineageSegment, chronological, loaded_events, planned_event, rank_story, sample_info,
+    Event, LineageSegment, loaded_events, occurrence_story, planned_event, rank_story, sample_info,
 )
 
 __all__ = ["ColumnTable", "DGraph", "ExactlyOnceReport", "LineageSegment"]
@@ -282,7 +282,7 @@ class DGraph:
 
     def story(self, sample_id: int) -> list[dict[str, Any]]:
         """What happened to one sample, in order: loaded, planned, delivered, consumed."""
-        return chronological(self.story_events(sample_id))
+        return occurrence_story(self.story_events(sample_id))
 
     def story_events(self, sample_id: int) -> list[Event]:
         """The events of :meth:`story`, each with its sequence number (to merge with spilled ones)."""

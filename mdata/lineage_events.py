@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["LineageSegment", "loaded_events", "planned_event", "rank_story", "DELIVERED", "CONSUMED",
+__all__ = ["LineageSegment", "loaded_events", "planned_event", "rank_story", "occurrence_story",
+           "chronological", "DELIVERED", "CONSUMED",
            "SAMPLE_COLUMNS", "LOAD_COLUMNS", "RANK_COLUMNS", "SKIP_COLUMNS"]
 
 SAMPLE_COLUMNS = {
@@ -112,3 +113,17 @@ def rank_story(info: Mapping[str, Any], kind: np.ndarray, rank: np.ndarray, seq:
 def chronological(events: list[Event]) -> list[dict[str, Any]]:
     """The events in the order they happened (stable for equal sequence numbers)."""
     return [e for _, e in sorted(events, key=lambda e: e[0])]
+
+
+def occurrence_story(events: list[Event]) -> list[dict[str, Any]]:
+    """The story of one occurrence of a sample, in order: the loads of its chunk that served it
+    (the last one before it was planned, and reloads after a lost worker until it was consumed),
+    then its planning, delivery and consumption. Loads of the same chunk in other epochs (before
+    or after) belong to other occurrences' stories; over a whole run there are many."""
+    plan = next((q for q, e in events if e["event"] == "planned"), None)
+    if plan is None:
+        return chronological(events)
+    end = min((q for q, e in events if e["event"] == "consumed"), default=None)
+    start = max((q for q, e in events if e["event"] == "loaded" and q < plan), default=plan)
+    return chronological([(q, e) for q, e in events if e["event"] != "loaded"
+                          or (start <= q and (end is None or q <= end))])

@@ -43,7 +43,7 @@ import pyarrow.parquet as pq
 
 from mdata.lineage import DGraph
 from mdata.lineage_events import (
-    LOAD_COLUMNS, RANK_COLUMNS, SAMPLE_COLUMNS, SKIP_COLUMNS, Event, LineageSegment, chronological,
+    LOAD_COLUMNS, RANK_COLUMNS, SAMPLE_COLUMNS, SKIP_COLUMNS, Event, LineageSegment, occurrence_story,
     loaded_events, planned_event, rank_story, sample_info,
 )
 
@@ -111,10 +111,11 @@ class SpillRange:
     """
 
     def __init__(self, index: int, first_step: int, stop_step: int, *,
-                 tables: Mapping[str, pa.Table] | None = None,
+                 segment: LineageSegment | None = None,
                  fs: Any = None, root: str | None = None) -> None:
         self.index, self.first_step, self.stop_step = int(index), int(first_step), int(stop_step)
-        self._tables = dict(tables) if tables is not None else None
+        self._segment = segment
+        self._converted: dict[str, pa.Table] | None = None
         self._fs, self._root = fs, root
         self._pa_fs: pafs.FileSystem | None = None
         self._metadata: dict[str, pq.FileMetaData] = {}
@@ -122,12 +123,23 @@ class SpillRange:
 
     @classmethod
     def of(cls, index: int, segment: LineageSegment) -> "SpillRange":
-        """A pending range holding ``segment`` as Arrow tables (not written yet)."""
-        tables = {"samples": _arrow_table("samples", segment.samples),
-                  "loads": _arrow_table("loads", segment.loads),
-                  "ranks": _arrow_table("ranks", segment.rank_events),
-                  "skips": _arrow_table("skips", segment.skips)}
-        return cls(index, segment.first_step, segment.stop_step, tables=tables)
+        """A pending range holding ``segment`` (cheap: its Arrow tables are built when first
+        needed, by the writer or a reader, not by whoever hands the segment over)."""
+        return cls(index, segment.first_step, segment.stop_step, segment=segment)
+
+    @property
+    def _tables(self) -> dict[str, pa.Table] | None:
+        """The Arrow tables while pending (built once, sorted for the files), None once written."""
+        with self._lock:
+            if self._segment is None:
+                return None
+            if self._converted is None:
+                seg = self._segment
+                self._converted = {"samples": _arrow_table("samples", seg.samples),
+                                   "loads": _arrow_table("loads", seg.loads),
+                                   "ranks": _arrow_table("ranks", seg.rank_events),
+                                   "skips": _arrow_table("skips", seg.skips)}
+            return self._converted
 
     @property
     def stem(self) -> str:
@@ -135,7 +147,7 @@ class SpillRange:
 
     @property
     def written(self) -> bool:
-        return self._tables is None
+        return self._segment is None
 
     def path(self, table: str, root: str | None = None) -> str:
         return f"{(root or self._root).rstrip('/')}/{self.stem}.{table}.parquet"
@@ -146,15 +158,15 @@ class SpillRange:
     def write(self, fs: Any, root: str) -> None:
         """Write the four files under ``root`` (samples last: a complete stem has all four), then
         read from them and let the tables go."""
-        if self._tables is None:
+        tables = self._tables
+        if tables is None:
             return
         fs.makedirs(root, exist_ok=True)
         for table in ("loads", "ranks", "skips", "samples"):
             with fs.open(self.path(table, root), "wb") as f:
-                pq.write_table(self._tables[table], f, row_group_size=ROW_GROUP_ROWS,
-                               compression="zstd")
+                pq.write_table(tables[table], f, row_group_size=ROW_GROUP_ROWS, compression="zstd")
         with self._lock:
-            self._fs, self._root, self._tables = fs, root, None
+            self._fs, self._root, self._segment, self._converted = fs, root, None, None
 
     @property
     def _arrow_fs(self) -> pafs.FileSystem:
@@ -198,9 +210,13 @@ class SpillRange:
         return pa.concat_tables(parts) if parts else _schema(table).empty_table()
 
     def nbytes(self) -> int:
-        """Memory held: the tables while pending, nothing but footers once written."""
-        tables = self._tables
-        return 0 if tables is None else sum(t.nbytes for t in tables.values())
+        """Memory held: the segment (and its tables) while pending, only footers once written."""
+        with self._lock:
+            seg, tables = self._segment, self._converted
+        if seg is None:
+            return 0
+        cols = [*seg.samples.values(), *seg.loads.values(), *seg.rank_events.values(), *seg.skips.values()]
+        return sum(c.nbytes for c in cols) + (sum(t.nbytes for t in tables.values()) if tables else 0)
 
 
 class SpilledLineage:
@@ -279,7 +295,7 @@ class StoryQuery:
     def run(self) -> list[tuple[int, list[dict[str, Any]]]]:
         """``(lineage id, chronological events)`` of every occurrence, oldest first."""
         if not self.ranges:
-            return [(i, chronological(list(events))) for i, _, events in self.memory]
+            return [(i, occurrence_story(list(events))) for i, _, events in self.memory]
         where = {"source_index": self.source_index, "shard": self.shard, "row": self.row}
         spilled: list[tuple[int, SpillRange, dict[str, Any], int]] = []
         for rng in self.ranges:
@@ -294,10 +310,10 @@ class StoryQuery:
             events = [*self._loads(info, loads, with_memory=True), planned_event(info, plan_seq),
                       *rank_story(info, ranks["kind"].to_numpy(), ranks["rank"].to_numpy(),
                                   ranks["seq"].to_numpy())]
-            out.append((lineage_id, chronological(events)))
+            out.append((lineage_id, occurrence_story(events)))
         for lineage_id, info, events in self.memory:
             extra = self._loads(info, loads, with_memory=False)  # its own has the memory's loads
-            out.append((lineage_id, chronological([*extra, *events])))
+            out.append((lineage_id, occurrence_story([*extra, *events])))
         return out
 
     def _spilled_loads(self, chunks: set[int]) -> dict[int, list[tuple[str, int]]]:
