@@ -212,6 +212,8 @@ class DGraph:
         """The batch of ``(step, dp_rank)`` was handed to trainer ``ranks``."""
         seq = self._next_seq()
         self._rank_buffer.extend((step, dp_rank, int(r), _DELIVERED, seq) for r in ranks)
+        if len(self._rank_buffer) >= _RANK_BUFFER_ROWS:
+            self.rank_events  # noqa: B018 - flushes the tuples into columns (bounded memory)
 
     def record_consumed(self, step: int, dp_rank: int, rank: int) -> None:
         """Trainer ``rank`` (of DP group ``dp_rank``) consumed its batch of ``step``."""

@@ -12,6 +12,8 @@ import dask
 import pytest
 from distributed.utils import sync
 
+import mdata.config  # noqa: F401 - mdata's defaults loaded before dask.config.set below (else
+# leaving the set would drop the whole `mdata` section it did not see, as dask restores only what it saw)
 from conftest import run_loaders
 from mdata.cost import AttentionCost
 from mdata.data.example import example_sources
