@@ -51,7 +51,7 @@ __all__ = ["SpillRange", "SpilledLineage", "StoryQuery", "TABLES"]
 
 TABLES = ("samples", "loads", "ranks", "skips")
 ROW_GROUP_ROWS = 1 << 16
-_NAME = re.compile(r"^(\d{6})-steps-(\d{12})-(\d{12})\.(samples|loads|ranks|skips)\.parquet$")
+_NAME = re.compile(r"^(\d{6,})-steps-(\d{12,})-(\d{12,})\.(samples|loads|ranks|skips)\.parquet$")
 _SORT = {"samples": ("source_index", "shard", "row"), "loads": ("source_index", "chunk_id"),
          "ranks": ("step", "dp_rank"), "skips": ("step",)}
 

@@ -59,15 +59,16 @@ def spill_url(setting: Any) -> tuple[str | None, bool]:
 class LineageStore:
     """The spilled ranges of one job and the thread that writes them (see the module docstring).
 
-    ``url`` is this run's own folder (an fsspec URL); ``scratch`` folders are deleted on close.
+    ``url`` is this run's own folder (an fsspec URL; ``storage_options`` go to its filesystem, else
+    fsspec's own configuration applies); ``scratch`` folders are deleted on close.
     """
 
-    def __init__(self, url: str, *, scratch: bool = False) -> None:
+    def __init__(self, url: str, *, scratch: bool = False, **storage_options: Any) -> None:
         import fsspec
 
         self.url = url
         self.scratch = scratch
-        self.fs, self.root = fsspec.core.url_to_fs(url)
+        self.fs, self.root = fsspec.core.url_to_fs(url, **storage_options)
         self.spilled = SpilledLineage()
         self.failures = 0  # failed writes (retried until they succeed or the job closes)
         self._queue: queue.Queue[SpillRange | None] = queue.Queue()

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import types
+import uuid
 
 import dask
+import pytest
 
+from mdata.lineage_spill import SpilledLineage, StoryQuery
 from mdata.planner import PlannerState
 from planner_driver import Driver
 from scheduler_plugins.lineage_store import LineageStore, spill_url, story, story_query
@@ -78,3 +81,32 @@ def test_a_failing_storage_keeps_the_range_in_memory_and_retries(tmp_path, monke
     assert store.failures == 2 and all(r.written for r in store.ranges())
     store.close()
     assert (tmp_path / "run").exists()  # not scratch: the files stay
+
+
+@pytest.mark.parametrize("kind", ["memory", "s3"])
+def test_stories_read_back_from_remote_filesystems(kind, request):
+    """Through fsspec filesystems other than local folders (pyarrow reads them via fsspec)."""
+    options = {}
+    if kind == "s3":
+        import s3fs
+
+        options = request.getfixturevalue("moto_s3")
+        bucket = f"mdata-{uuid.uuid4().hex[:12]}"
+        s3fs.S3FileSystem(**options).mkdir(bucket)
+        url = f"s3://{bucket}/lineage/run"
+    else:
+        url = f"memory://mdata-lineage-{uuid.uuid4().hex}/run"
+    store = LineageStore(url, **options)
+    meta, plan = _meta(), _plan()
+    kept = PlannerState(plan, meta, lineage_steps=8, lineage_sink=store.spill)
+    full = PlannerState(plan, meta)
+    Driver(kept, meta).run(30)
+    Driver(full, meta).run(30)
+    assert store.flush(timeout=60) and store.failures == 0
+    reopened = SpilledLineage.open(url, **options)
+    assert len(reopened) == len(store.ranges()) > 0
+    for key in _sample_ids(full.dgraph, [0]):
+        want = _full_story(full.dgraph, key)
+        assert StoryQuery.of(kept.dgraph, store.ranges(), *key).run() == want
+        assert StoryQuery.of(kept.dgraph, reopened.ranges(), *key).run() == want
+    store.close()
