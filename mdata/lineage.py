@@ -5,101 +5,38 @@ For every planned sample the DGraph answers where it came from and where it went
 micro-batch and position it was planned into, which trainer ranks received the batch and which
 consumed it. One Python object per sample would cost hundreds of bytes and dominate the Planner's
 time at thousands of GPUs, so the tables are parallel numpy columns that grow by doubling
-(amortised O(1) appends, vectorised per step) and a sample's *lineage id* is its row in the
-samples table.
+(amortised O(1) appends, vectorised per step, :mod:`mdata.column_table`) and a sample's *lineage
+id* is its row in the samples table (plus the ids a long run forgot or spilled before it).
 
 ``story(sample_id)`` turns one row back into readable, chronological events, modelled on
 distributed's ``_stories``; ``verify_exactly_once`` checks that no sample was lost or duplicated.
+A long run keeps a bounded window of steps in memory: ``forget_before`` drops older lineage,
+``take_before`` hands it out as a :class:`~mdata.lineage_events.LineageSegment` to be spilled to
+files (:mod:`mdata.lineage_spill`), whose stories then read the same as the DGraph's own.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from mdata.column_table import ColumnTable
 from mdata.errors import PlanError
+from mdata.lineage_events import (
+    CONSUMED as _CONSUMED, DELIVERED as _DELIVERED, LOAD_COLUMNS as _LOAD_COLUMNS,
+    RANK_COLUMNS as _RANK_COLUMNS, SAMPLE_COLUMNS as _SAMPLE_COLUMNS, SKIP_COLUMNS as _SKIP_COLUMNS,
+    Event, LineageSegment, loaded_events, occurrence_story, planned_event, rank_story, sample_info,
+)
 
-__all__ = ["ColumnTable", "DGraph", "ExactlyOnceReport"]
+__all__ = ["ColumnTable", "DGraph", "ExactlyOnceReport", "LineageSegment"]
 
-
-class ColumnTable:
-    """Append-only table of fixed-dtype numpy columns with amortised growth."""
-
-    def __init__(self, dtypes: Mapping[str, Any], capacity: int = 1024) -> None:
-        self._dtypes = dict(dtypes)
-        self._cols = {name: np.empty(capacity, dtype=dt) for name, dt in self._dtypes.items()}
-        self._n = 0
-
-    def __len__(self) -> int:
-        return self._n
-
-    def append(self, **columns: np.ndarray | int) -> tuple[int, int]:
-        """Append rows (arrays of equal length; scalars broadcast); returns their ``[start, stop)``."""
-        lengths = {np.size(v) for v in columns.values() if np.ndim(v) > 0}
-        if len(lengths) > 1:
-            raise ValueError(f"columns of different lengths {sorted(lengths)}")
-        if set(columns) != set(self._dtypes):
-            raise ValueError(f"expected columns {sorted(self._dtypes)}, got {sorted(columns)}")
-        k = lengths.pop() if lengths else 1
-        start, stop = self._n, self._n + k
-        capacity = next(iter(self._cols.values())).size
-        if stop > capacity:
-            new = max(stop, 2 * capacity)
-            for name, col in self._cols.items():
-                grown = np.empty(new, dtype=col.dtype)
-                grown[:start] = col[:start]
-                self._cols[name] = grown
-        for name, value in columns.items():
-            self._cols[name][start:stop] = value
-        self._n = stop
-        return start, stop
-
-    def keep(self, mask: np.ndarray) -> None:
-        """Keep only the rows where ``mask`` is true (in place, order preserved)."""
-        kept = int(np.count_nonzero(mask))
-        for name, col in self._cols.items():
-            col[:kept] = col[: self._n][mask]
-        self._n = kept
-
-    def column(self, name: str) -> np.ndarray:
-        """A read-only view of the filled part of column ``name``."""
-        view = self._cols[name][: self._n]
-        view.flags.writeable = False
-        return view
-
-    def row(self, i: int) -> dict[str, int]:
-        return {name: col[i].item() for name, col in self._cols.items()}
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes held by the filled rows (capacity beyond them is at most as much again)."""
-        return sum(col.dtype.itemsize for col in self._cols.values()) * self._n
-
-    @property
-    def row_nbytes(self) -> int:
-        return sum(col.dtype.itemsize for col in self._cols.values())
-
-
-_SAMPLE_COLUMNS = {
-    "source_index": np.int32,
-    "shard": np.int32,
-    "row": np.int64,
-    "chunk_id": np.int64,
-    "cursor": np.int64,  # position in the source's infinite order: gaps and repeats show here
-    "step": np.int64,
-    "dp_rank": np.int32,
-    "micro_batch": np.int32,
-    "position": np.int32,
-    "num_tokens": np.int32,
-}
-_LOAD_COLUMNS = {"source_index": np.int32, "chunk_id": np.int64, "worker": np.int32, "seq": np.int64}
-_RANK_COLUMNS = {"step": np.int64, "dp_rank": np.int32, "rank": np.int32, "kind": np.int8, "seq": np.int64}
-_SKIP_COLUMNS = {"source_index": np.int32, "shard": np.int32, "row": np.int64, "cursor": np.int64,
-                 "step": np.int64}
-_DELIVERED, _CONSUMED = 0, 1
+# rank rows buffered as tuples before they become columns: flushed at this many (bounded memory)
+_RANK_BUFFER_ROWS = 1 << 16
+_ALL_STEPS = 1 << 62
 
 
 @dataclass
@@ -146,9 +83,29 @@ class DGraph:
         # lineage ids stay global when old steps are forgotten: row = id - _base
         self._base = 0
         self.forgotten_before = 0  # steps before this one were dropped (retention)
+        self.loads_before = 0  # loads with a smaller seq were taken out (take_before)
 
     def __len__(self) -> int:
         return len(self.samples_table)
+
+    @property
+    def first_id(self) -> int:
+        """The smallest lineage id still in memory (ids below it were forgotten or taken)."""
+        return self._base
+
+    @property
+    def next_id(self) -> int:
+        """The lineage id the next planned sample gets."""
+        return self._base + len(self.samples_table)
+
+    def continue_after(self, previous: "DGraph") -> None:
+        """Go on numbering lineage ids and events after ``previous`` (a job rewound to a
+        checkpoint builds a new DGraph): ids stay unique over the whole run, events ordered."""
+        if len(self.samples_table) or len(self.loads) or self._rank_buffer or len(self._rank_events):
+            raise PlanError("DGraph.continue_after: this DGraph has recorded lineage already")
+        self._base = previous.next_id
+        self._seq = max(self._seq, previous._seq)
+        self.loads_before = self._seq + 1
 
     def forget_before(self, step: int) -> int:
         """Drop the lineage of steps before ``step`` (a long run keeps a bounded window);
@@ -172,6 +129,40 @@ class DGraph:
         self._id_index = None
         self.forgotten_before = step
         return drop
+
+    def take_before(self, step: int | None = None) -> LineageSegment | None:
+        """Like :meth:`forget_before`, but hand the lineage out instead of dropping it: the
+        samples, rank and skip rows of steps before ``step`` (every step when None) and the loads
+        recorded before the first step kept was planned. None when there is nothing to take."""
+        limit = _ALL_STEPS if step is None else int(step)
+        if limit <= self.forgotten_before:
+            return None
+        events = self.rank_events  # flushes the buffered rank rows
+        gone = sorted(s for s in self._step_ranges if s < limit)
+        first_step = gone[0] if gone else self.forgotten_before  # a rewound job starts later
+        first_id = self._base
+        stop_id = max((self._step_ranges[s][1] for s in gone), default=first_id)
+        samples = self.samples_table.copy_rows(slice(0, stop_id - first_id))
+        samples["lineage_id"] = np.arange(first_id, stop_id, dtype=np.int64)
+        samples["plan_seq"] = np.repeat(
+            np.array([self._step_seq[s] for s in gone], dtype=np.int64),
+            [self._step_ranges[s][1] - self._step_ranges[s][0] for s in gone])
+        kept_seq = [q for s, q in self._step_seq.items() if s >= limit]
+        loads_before = max(self.loads_before, min(kept_seq) if kept_seq else self._seq + 1)
+        load_mask = self.loads.column("seq") < loads_before
+        loads = self.loads.copy_rows(load_mask)
+        loads["worker"] = np.array(self._workers, dtype=object)[loads["worker"]].astype(str) \
+            if len(loads["worker"]) else np.array([], dtype=str)
+        ranks = events.copy_rows(events.column("step") < limit)
+        skips = self.skips.copy_rows(self.skips.column("step") < limit)
+        stop_step = limit if step is not None else max(
+            [first_step, *(s + 1 for s in gone), *(int(x) + 1 for x in ranks["step"])])
+        segment = LineageSegment(self.sources, first_step, max(first_step, stop_step), first_id,
+                                 stop_id, loads_before, samples, loads, ranks, skips)
+        self.forget_before(limit)
+        self.loads.keep(~load_mask)
+        self.loads_before = loads_before
+        return None if segment.empty else segment
 
     # -- recording ------------------------------------------------------------------------------
     def _next_seq(self) -> int:
@@ -221,11 +212,15 @@ class DGraph:
         """The batch of ``(step, dp_rank)`` was handed to trainer ``ranks``."""
         seq = self._next_seq()
         self._rank_buffer.extend((step, dp_rank, int(r), _DELIVERED, seq) for r in ranks)
+        if len(self._rank_buffer) >= _RANK_BUFFER_ROWS:
+            self.rank_events  # noqa: B018 - flushes the tuples into columns (bounded memory)
 
     def record_consumed(self, step: int, dp_rank: int, rank: int) -> None:
         """Trainer ``rank`` (of DP group ``dp_rank``) consumed its batch of ``step``."""
         self._seq += 1
         self._rank_buffer.append((step, dp_rank, rank, _CONSUMED, self._seq))
+        if len(self._rank_buffer) >= _RANK_BUFFER_ROWS:
+            self.rank_events  # noqa: B018 - flushes the tuples into columns (bounded memory)
 
     @property
     def rank_events(self) -> ColumnTable:
@@ -250,9 +245,7 @@ class DGraph:
     def sample(self, sample_id: int) -> dict[str, Any]:
         """The row of one lineage id, with the source's name."""
         self._check_id(sample_id)
-        row = self.samples_table.row(int(sample_id) - self._base)
-        row["source"] = self.sources[row["source_index"]]
-        return row
+        return sample_info(self.samples_table.row(int(sample_id) - self._base), self.sources)
 
     def find(self, source: str | int, shard: int, row: int) -> np.ndarray:
         """Lineage ids of every occurrence (one per epoch it was planned in) of a sample id."""
@@ -278,39 +271,40 @@ class DGraph:
         return float(self.samples_table.row_nbytes)
 
     def nbytes(self) -> int:
-        return (self.samples_table.nbytes + self.loads.nbytes + self.rank_events.nbytes
-                + self.skips.nbytes)
+        """Bytes the DGraph holds in memory: its tables' columns (allocated capacity included),
+        the rank rows still buffered as tuples, and the per-step and per-worker indexes."""
+        tables = (self.samples_table, self.loads, self._rank_events, self.skips)
+        buffered = len(self._rank_buffer) * (sys.getsizeof((0,) * 5) + 8)  # + the list's pointer
+        index = (sys.getsizeof(self._step_ranges) + sys.getsizeof(self._step_seq)
+                 + len(self._step_ranges) * 2 * sys.getsizeof((0, 0)))
+        if self._id_index is not None:
+            index += self._id_index[1].nbytes + self._id_index[2].nbytes
+        workers = sum(sys.getsizeof(w) for w in self._workers)
+        return sum(t.allocated_nbytes for t in tables) + buffered + index + workers
 
     def story(self, sample_id: int) -> list[dict[str, Any]]:
         """What happened to one sample, in order: loaded, planned, delivered, consumed."""
+        return occurrence_story(self.story_events(sample_id))
+
+    def story_events(self, sample_id: int) -> list[Event]:
+        """The events of :meth:`story`, each with its sequence number (to merge with spilled ones)."""
         info = self.sample(sample_id)
-        plan_seq = self._step_seq[info["step"]]
-        events: list[tuple[int, dict[str, Any]]] = []
+        return [*self.load_events(info), planned_event(info, self._step_seq[info["step"]]),
+                *self.rank_events_of(info)]
+
+    def load_events(self, info: dict[str, Any]) -> list[Event]:
+        """The loads in memory of the chunk of ``info`` (a sample's row, see :meth:`sample`)."""
         loads = self.loads
-        mask = ((loads.column("source_index") == info["source_index"])
-                & (loads.column("chunk_id") == info["chunk_id"]))
-        for i in np.flatnonzero(mask):
-            events.append((int(loads.column("seq")[i]), {
-                "event": "loaded", "source": info["source"], "shard": info["shard"],
-                "row": info["row"], "chunk": info["chunk_id"],
-                "worker": self._workers[int(loads.column("worker")[i])],
-            }))
-        events.append((plan_seq, {
-            "event": "planned", "step": info["step"], "dp_rank": info["dp_rank"],
-            "micro_batch": info["micro_batch"], "position": info["position"],
-            "num_tokens": info["num_tokens"], "cursor": info["cursor"],
-        }))
+        idx = np.flatnonzero((loads.column("source_index") == info["source_index"])
+                             & (loads.column("chunk_id") == info["chunk_id"]))
+        workers = [self._workers[int(w)] for w in loads.column("worker")[idx]]
+        return loaded_events(info, workers, loads.column("seq")[idx])
+
+    def rank_events_of(self, info: dict[str, Any]) -> list[Event]:
+        """Delivery and consumption of the step and DP rank of ``info``, from memory."""
         ev = self.rank_events
-        mask = (ev.column("step") == info["step"]) & (ev.column("dp_rank") == info["dp_rank"])
-        for kind, label in ((_DELIVERED, "delivered"), (_CONSUMED, "consumed")):
-            idx = np.flatnonzero(mask & (ev.column("kind") == kind))
-            if idx.size:
-                events.append((int(ev.column("seq")[idx].min()), {
-                    "event": label, "step": info["step"], "dp_rank": info["dp_rank"],
-                    "ranks": sorted({int(r) for r in ev.column("rank")[idx]}),
-                }))
-        events.sort(key=lambda e: e[0])
-        return [e for _, e in events]
+        idx = np.flatnonzero((ev.column("step") == info["step"]) & (ev.column("dp_rank") == info["dp_rank"]))
+        return rank_story(info, ev.column("kind")[idx], ev.column("rank")[idx], ev.column("seq")[idx])
 
     def verify_exactly_once(
         self, start: int, stop: int, *, require_consumed: bool = True

@@ -36,6 +36,7 @@ from mdata.wire.messages import (
 )
 from mdata.planner.roster import Holder, TrainerRoster
 from mdata.wire.messages import AttachReply, AttachRequest
+from scheduler_plugins.lineage_store import LineageStore
 from scheduler_plugins.planner_view import PlannerView
 from workers.constructor import construct_task
 from workers.loader import chunk_summary_task, load_chunk_task
@@ -67,6 +68,10 @@ class JobRuntime:
         self.job = job
         self.plan = plan
         self.state = state
+        # lineage older than the DGraph's retention goes to files (scheduler_plugins.lineage_store)
+        self.lineage = LineageStore.for_job(job, lineage_steps)
+        if self.lineage is not None:
+            state.lineage_sink = self.lineage.spill
         self.sources = {s.name: s for s in plan.sources if not isinstance(s, str)}
         self.lock = asyncio.Lock()
         self.chunk_futures: dict[Any, Any] = {}
@@ -439,6 +444,8 @@ class JobRuntime:
         plan, same listings, same cursors), so every rank sees the sequence it would have seen."""
         state = ps.PlannerState.from_checkpoint(self.plan, self.listings, checkpoint, job=self.job,
                                                 lineage_steps=self.lineage_steps)
+        if self.lineage is not None:  # the old generation's lineage stays told
+            await asyncio.to_thread(self.lineage.rewound, self.state, state)
         for task in list(self._tasks):
             task.cancel()
         if self._pending_done is not None and not self._pending_done.done():
@@ -504,3 +511,5 @@ class JobRuntime:
             fut.release()
         self.chunk_futures.clear()
         self.batch_futures.clear()
+        if self.lineage is not None:
+            await asyncio.to_thread(self.lineage.close)

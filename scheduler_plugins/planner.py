@@ -30,6 +30,7 @@ from mdata.checkpoint import Checkpoint
 from mdata.errors import MdataError, PlanError
 from mdata.ids import SampleId
 from mdata.wire import messages as msg
+from scheduler_plugins import lineage_store
 from scheduler_plugins.dashboard.pages import register_pages
 from scheduler_plugins.dashboard.routes import register_routes
 from scheduler_plugins.job_runtime import JobRuntime, pool_resource
@@ -249,20 +250,18 @@ class PlannerPlugin(SchedulerPlugin):
         return msg.CheckpointReply(await runtime.read_state(lambda state: state.checkpoint(req.step)))
 
     async def story(self, req: msg.StoryRequest) -> msg.StoryReply:
-        """Every occurrence (one per epoch) of ``source/shard/row``: loaded, planned, delivered..."""
+        """Every occurrence (one per epoch) of ``source/shard/row`` over the whole run, spilled
+        lineage included (scheduler_plugins.lineage_store): loaded, planned, delivered..."""
         sid = SampleId.parse(req.sample_id)
-
-        def read(state) -> msg.StoryReply:
-            graph = state.dgraph
-            if sid.source not in graph.sources:
-                raise MdataError(f"unknown source {sid.source!r} in sample id {req.sample_id!r}; "
-                                 f"sources: {list(graph.sources)}")
-            return msg.StoryReply(tuple(
-                msg.StoryOccurrence(int(i), tuple(_jsonable(graph.story(int(i)))))
-                for i in graph.find(sid.source, sid.shard, sid.row)
-            ))
-
-        return await self._job(req.job).read_state(read)
+        runtime = self._job(req.job)
+        names = list(runtime.view.names)
+        if sid.source not in names:
+            raise MdataError(f"unknown source {sid.source!r} in sample id {req.sample_id!r}; "
+                             f"sources: {names}")
+        return msg.StoryReply(tuple(
+            msg.StoryOccurrence(int(i), tuple(_jsonable(events)))
+            for i, events in await lineage_store.story(runtime, sid)
+        ))
 
     async def lineage(self, req: msg.LineageRequest) -> msg.LineageReply:
         """Planned sample ids per step and DP rank, from the DGraph (for exactly-once checks)."""
@@ -277,8 +276,8 @@ class PlannerPlugin(SchedulerPlugin):
             for step in range(steps):
                 out[str(step)] = {}
                 for rank in range(dp):
-                    ids = graph.samples(step, rank)
-                    out[str(step)][str(rank)] = np.stack([c[ids] for c in cols], axis=1).tolist()
+                    rows = graph.samples(step, rank) - graph.first_id  # ids are global, rows not
+                    out[str(step)][str(rank)] = np.stack([c[rows] for c in cols], axis=1).tolist()
             # lineage retention may have forgotten the oldest steps: check what is kept
             report = graph.verify_exactly_once(graph.forgotten_before, max(steps, graph.forgotten_before),
                                                require_consumed=True)

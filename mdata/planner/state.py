@@ -37,7 +37,7 @@ import numpy as np
 
 from mdata.checkpoint import Checkpoint
 from mdata.errors import MdataError, TrainerError
-from mdata.lineage import DGraph
+from mdata.lineage import DGraph, LineageSegment
 from mdata.mixing import MixtureSchedule
 from mdata.order import ChunkRef, SourceOrder
 from mdata.plan import Plan
@@ -67,7 +67,11 @@ class PlannerState:
     ``listings`` maps each source name to its rows per shard (a sequence of ints, a
     ``SourceListing`` or a ``SourceMetadata``): the planner never reads data itself.
     ``pool_sizer`` decides :class:`PoolTarget` instructions on :class:`Tick` events.
-    ``lineage_steps`` keeps the lineage of that many consumed steps (None: all of it).
+    ``lineage_steps`` keeps the lineage of that many consumed steps (None: all of it);
+    ``lineage_sink``, when given, receives each older range of lineage as a
+    :class:`~mdata.lineage.LineageSegment` instead of it being forgotten (the runtime spills it
+    to files, :mod:`mdata.lineage_spill`). It is called while events are handled: it must only
+    hand the segment over, not write it.
     """
 
     def __init__(
@@ -80,6 +84,7 @@ class PlannerState:
         pool_sizer: PoolSizer | None = None,
         record_lineage: bool = True,
         lineage_steps: int | None = None,
+        lineage_sink: Callable[[LineageSegment], None] | None = None,
     ) -> None:
         plan.validate()
         self.plan = plan
@@ -102,6 +107,7 @@ class PlannerState:
         self.dgraph = DGraph(self.names, group_ranks=lambda d: sorted(self.receivers[d]))
         self.record_lineage = record_lineage
         self.lineage_steps = None if lineage_steps is None else max(1, int(lineage_steps))
+        self.lineage_sink = lineage_sink
 
         # progress: steps [consumed_step, planned_step) are in flight
         S = len(self.names)
@@ -319,7 +325,10 @@ class PlannerState:
             # forget old lineage in batches of a quarter of the retention (amortised copying)
             horizon = self.consumed_step - self.lineage_steps
             if horizon - self.dgraph.forgotten_before >= max(1, self.lineage_steps // 4):
-                self.dgraph.forget_before(horizon)
+                if self.lineage_sink is None:
+                    self.dgraph.forget_before(horizon)
+                elif (segment := self.dgraph.take_before(horizon)) is not None:
+                    self.lineage_sink(segment)
         while self.planned_step < self.consumed_step + self.window:
             self._plan_next(sid, out)
         for step in done:

@@ -6,25 +6,27 @@ the Planner's ``StepReady`` instructions, pool targets with their reasons, the m
 :mod:`mdata.observe`, the Planner's counters from its published ``view``) and the scheduler's
 worker table; none of them changes anything. They run on the scheduler's event loop, where the
 runtime's own bookkeeping runs, so they see it consistently; the Planner's state itself is written
-by the planning thread, so only :func:`story_rows` reads it (its DGraph), with the runtime's lock
-held or free (see its docstring and :mod:`scheduler_plugins.planner_view`).
+by the planning thread, so only the story functions read it (its DGraph), with the runtime's lock
+held or free (see :func:`story_rows` and :mod:`scheduler_plugins.planner_view`).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from mdata.errors import MdataError
 from mdata.ids import SampleId
 from mdata.sources import describe_storage_wait
+from scheduler_plugins.lineage_store import story_query
 
 if TYPE_CHECKING:
     from scheduler_plugins.job_runtime import JobRuntime
 
 __all__ = [
     "job_summary", "sources_figures", "mixture_figures", "balance_figures", "trainers_figures",
-    "story_rows", "STORY_COLUMNS",
+    "story_rows", "story_sample", "story_table", "STORY_COLUMNS",
 ]
 
 NO_TARGET_REASON = "no target yet: the Planner sizes pools once it has measured load times and a step rate"
@@ -172,28 +174,40 @@ def _plain(value):
     return value
 
 
-def story_rows(runtime: "JobRuntime", sample_id: str) -> list[dict[str, Any]]:
-    """Every event of every occurrence (one per epoch) of ``source/shard/row``, in order.
-
-    Each row has the keys of :data:`STORY_COLUMNS` (``None`` where an event has no such field).
-    Call it holding ``runtime.lock``, or on the event loop after checking that the lock is free:
-    the planning thread appends to the DGraph while the lock is held, and reading it then could
-    see a step half recorded.
-    """
+def story_sample(runtime: "JobRuntime", sample_id: str) -> SampleId:
+    """The sample id typed into a page or a route, checked against the job's sources."""
     try:
         sid = SampleId.parse(sample_id)
     except ValueError as exc:
         raise MdataError(f"job {runtime.job!r}: {exc}") from None
-    graph = runtime.state.dgraph
-    if sid.source not in graph.sources:
+    names = list(runtime.view.names)
+    if sid.source not in names:
         raise MdataError(
             f"job {runtime.job!r}: unknown source {sid.source!r} in sample id {sample_id!r}; "
-            f"sources: {list(graph.sources)}"
+            f"sources: {names}"
         )
+    return sid
+
+
+def story_table(occurrences: Iterable[tuple[int, Iterable[dict[str, Any]]]]) -> list[dict[str, Any]]:
+    """Rows with the keys of :data:`STORY_COLUMNS` (``None`` where an event has no such field)
+    from ``(lineage id, events)`` pairs (:func:`scheduler_plugins.lineage_store.story`)."""
     rows = []
-    for lineage_id in graph.find(sid.source, sid.shard, sid.row):
-        for event in graph.story(int(lineage_id)):
+    for lineage_id, events in occurrences:
+        for event in events:
             row = {c: _plain(event.get(c)) for c in STORY_COLUMNS}
             row["lineage_id"] = int(lineage_id)
             rows.append(row)
     return rows
+
+
+def story_rows(runtime: "JobRuntime", sample_id: str) -> list[dict[str, Any]]:
+    """Every event of every occurrence (one per epoch) of ``source/shard/row`` over the whole
+    run, in order, as :func:`story_table` rows; spilled lineage is read here, synchronously.
+
+    Call it holding ``runtime.lock``, or on the event loop after checking that the lock is free:
+    the planning thread appends to the DGraph while the lock is held, and reading it then could
+    see a step half recorded. Callers on the event loop that may meet spilled lineage read it in
+    a thread instead (:func:`scheduler_plugins.lineage_store.story`).
+    """
+    return story_table(story_query(runtime, story_sample(runtime, sample_id)).run())

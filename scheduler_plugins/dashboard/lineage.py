@@ -2,9 +2,12 @@
 
 Every occurrence of the sample (one per epoch it was planned in) appears with its events in
 order: loaded (chunk, worker), planned (step, DP rank, micro-batch, position, tokens), delivered
-and consumed (trainer ranks). The DGraph it reads is also written by the Planner's planning thread
-while the job's lock is held, so a refresh that finds the lock taken keeps the previous table and
-tries again at the next tick rather than read a step half recorded.
+and consumed (trainer ranks), over the whole run. The DGraph it reads is also written by the
+Planner's planning thread while the job's lock is held, so a refresh that finds the lock taken keeps
+the previous table and tries again at the next tick rather than read a step half recorded. Lineage
+older than the DGraph's retention was spilled to files (:mod:`scheduler_plugins.lineage_store`):
+a story that needs them is read in a thread, and the refresh after it finished shows it, so the
+scheduler's event loop never waits on storage.
 """
 
 from __future__ import annotations
@@ -15,8 +18,9 @@ from bokeh.layouts import column, row
 from bokeh.models import ColumnDataSource, DataTable, Div, TableColumn, TextInput
 
 from mdata.errors import MdataError
+from scheduler_plugins import lineage_store
 from scheduler_plugins.dashboard.common import JobSelect, job_message, show
-from scheduler_plugins.dashboard.figures import STORY_COLUMNS, story_rows
+from scheduler_plugins.dashboard.figures import STORY_COLUMNS, story_sample, story_table
 
 INPUT_NAME = "mdata-lineage-input"
 PLACEHOLDER = "source/shard/row"
@@ -45,6 +49,7 @@ class LineagePanel:
         # real work on the scheduler's loop, so an unchanged query is redone only every refresh_s.
         self.refresh_s = refresh_s
         self._last_query: tuple[str, str, float] | None = None
+        self._reading = None  # (job, sample id, Future) of a story that reads spilled lineage
         self.jobs = JobSelect(scheduler, job)
         self.source = ColumnDataSource({c: [] for c in STORY_COLUMNS}, name="mdata-lineage-story")
         self.input = TextInput(title="sample id (source/shard/row), then Enter", value=sample_id,
@@ -73,6 +78,13 @@ class LineagePanel:
             if example is not None:
                 self.input.placeholder = f"e.g. {example}"
         sample_id = self.input.value.strip()
+        if self._reading is not None and self._reading[:2] == (runtime.job, sample_id):
+            future = self._reading[2]
+            if future.done():  # the spilled lineage was read since the last refresh: show it
+                self._reading = None
+                self._show(runtime, sample_id, future)
+            return
+        self._reading = None  # another question now: its answer is not wanted any more
         now = time.monotonic()
         if (self._last_query is not None and self._last_query[:2] == (runtime.job, sample_id)
                 and now - self._last_query[2] < self.refresh_s):
@@ -83,13 +95,33 @@ class LineagePanel:
             self.result.text = "enter a sample id to see its story"
         else:
             try:
-                rows = story_rows(runtime, sample_id)
+                query = lineage_store.story_query(runtime, story_sample(runtime, sample_id))
             except MdataError as exc:
                 self.result.text = f"<b>{exc}</b>"
             else:
-                n = len({r["lineage_id"] for r in rows})
-                self.result.text = (f"{sample_id}: {n} occurrence(s), {len(rows)} event(s)" if rows
-                                    else f"{sample_id} has not been planned in job {runtime.job!r} yet")
+                if query.ranges:  # spilled lineage: read in a thread, shown by a later refresh
+                    self._reading = (runtime.job, sample_id, lineage_store.submit(query))
+                    self.result.text = (f"{sample_id}: reading lineage spilled in "
+                                        f"{len(query.ranges)} file range(s)...")
+                    return
+                rows = self._describe(runtime, sample_id, story_table(query.run()))
+        self._fill(rows)
+
+    def _show(self, runtime, sample_id: str, future) -> None:
+        try:
+            rows = self._describe(runtime, sample_id, story_table(future.result()))
+        except Exception as exc:  # storage unreachable, a file gone: say so on the page
+            self.result.text = f"<b>reading spilled lineage failed: {exc}</b>"
+            rows = []
+        self._fill(rows)
+
+    def _describe(self, runtime, sample_id: str, rows: list[dict]) -> list[dict]:
+        n = len({r["lineage_id"] for r in rows})
+        self.result.text = (f"{sample_id}: {n} occurrence(s), {len(rows)} event(s)" if rows
+                            else f"{sample_id} has not been planned in job {runtime.job!r} yet")
+        return rows
+
+    def _fill(self, rows: list[dict]) -> None:
         self.source.data = {
             c: [_cell(r[c]) for r in rows] for c in STORY_COLUMNS
         }

@@ -2,7 +2,7 @@
 
     /mdata/api/jobs                                  every job: identity and progress
     /mdata/api/<job>/sources | mixture | balance | trainers   (mixture, balance: ?last=N steps)
-    /mdata/api/<job>/story/<source>/<shard>/<row>    the lineage story of one sample
+    /mdata/api/<job>/story/<source>/<shard>/<row>    the lineage story of one sample (whole run)
 
 The figures come from :mod:`scheduler_plugins.dashboard.figures`, as the pages' do. distributed
 reads the modules whose ``routes`` it serves from the ``distributed.scheduler.http.routes`` config
@@ -19,6 +19,7 @@ import dask
 from distributed.http.utils import RequestHandler
 
 from mdata.errors import MdataError
+from scheduler_plugins import lineage_store
 from scheduler_plugins.dashboard import figures
 from scheduler_plugins.dashboard.common import NO_PLANNER, planner
 
@@ -97,12 +98,12 @@ class StoryHandler(_JSONHandler):
         if runtime is None:
             return
         sample_id = f"{source}/{shard}/{row}"
-        async with runtime.lock:  # the planning thread writes the DGraph while holding it
-            try:
-                rows = figures.story_rows(runtime, sample_id)
-            except MdataError as exc:
-                self.fail(404, str(exc))
-                return
+        try:  # the DGraph's part under the job's lock, spilled lineage in a thread
+            occurrences = await lineage_store.story(runtime, figures.story_sample(runtime, sample_id))
+        except MdataError as exc:
+            self.fail(404, str(exc))
+            return
+        rows = figures.story_table(occurrences)
         self.write_json({"job": job, "sample_id": sample_id, "columns": list(figures.STORY_COLUMNS),
                          "rows": rows})
 

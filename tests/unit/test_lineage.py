@@ -110,3 +110,20 @@ def test_forgetting_old_steps_keeps_ids_stories_and_checks_of_the_rest():
         g.verify_exactly_once(0, 6)
     assert set(g.rank_events.column("step").tolist()) == {3, 4, 5}
     assert g.forget_before(2) == 0  # never backwards
+
+
+def test_each_occurrence_tells_the_loads_that_served_it():
+    """The same chunk is loaded once per epoch (and again after a lost worker): each occurrence
+    of a sample lists the load before it was planned and reloads until it was consumed, not the
+    loads of other epochs."""
+    g = DGraph(["web"], group_ranks=lambda d: [d])
+    g.record_load(0, 5, "loader-1")
+    first = record(g, 0, [0], dp_rank=[0])
+    g.record_load(0, 5, "loader-2")  # the worker holding it died: reloaded before consumption
+    g.record_consumed(0, 0, 0)
+    g.record_load(0, 5, "loader-3")  # next epoch
+    second = record(g, 1, [0], dp_rank=[0])
+    g.record_consumed(1, 0, 0)
+    assert [e.get("worker") for e in g.story(int(first[0]))] == ["loader-1", None, "loader-2", None]
+    assert [(e["event"], e.get("worker")) for e in g.story(int(second[0]))] == [
+        ("loaded", "loader-3"), ("planned", None), ("consumed", None)]
