@@ -13,26 +13,36 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mdata.wire.codec import Handler, Message, Reader, Request, check_dict
-from mdata.wire.jobs import OkReply
+from mdata.wire.codec import Handler, Message, Reader, Request, check_dict, check_str
+from mdata.wire.jobs import OkReply, read_resume_flags, resume_flags_msg
 
 __all__ = ["AttachRequest", "AttachReply", "DetachRequest"]
 
 
 @dataclass(frozen=True)
 class AttachReply(Message):
-    """The generation of the job the Loader joined and the first step it receives."""
+    """The generation of the job the Loader joined and the first step it receives.
+
+    ``data_fingerprint`` and ``listings`` (``{source: [[shard name, rows], ...]}``) describe the
+    job's data: the Loader adds the listings to the checkpoints of that data it hands out, so a
+    stored checkpoint can name a shard that changed (the checkpoints that travel with batches
+    leave them out to stay small)."""
 
     generation: int
     start_step: int
+    data_fingerprint: str | None = None
+    listings: Mapping[str, Any] | None = None
 
     def to_msg(self) -> dict[str, Any]:
-        return {"generation": self.generation, "start_step": self.start_step}
+        return {"generation": self.generation, "start_step": self.start_step,
+                "data_fingerprint": self.data_fingerprint,
+                "listings": None if self.listings is None else dict(self.listings)}
 
     @classmethod
     def from_msg(cls, msg: Any) -> "AttachReply":
         r = Reader(cls.__name__, msg)
-        out = cls(r.int("generation"), r.int("start_step"))
+        out = cls(r.int("generation"), r.int("start_step"),
+                  r.optional("data_fingerprint", check_str), r.optional("listings", check_dict))
         r.done()
         return out
 
@@ -40,7 +50,8 @@ class AttachReply(Message):
 @dataclass(frozen=True)
 class AttachRequest(Request):
     """Lease ``rank`` of ``job`` to this Loader; ``checkpoint`` (a ``Checkpoint.to_dict()``):
-    resume from it, rewinding the job if it runs elsewhere (see mdata.planner.roster)."""
+    resume from it, rewinding the job if it runs elsewhere (see mdata.planner.roster), with the
+    resume options ``accept_appended_shards`` / ``allow_mixture_change``."""
 
     handler = Handler.ATTACH
     reply = AttachReply
@@ -52,17 +63,20 @@ class AttachRequest(Request):
     host: str
     pid: int
     checkpoint: Mapping[str, Any] | None = None
+    accept_appended_shards: bool = False
+    allow_mixture_change: bool = False
 
     def to_msg(self) -> dict[str, Any]:
         return {"job": self.job, "rank": self.rank, "client": self.client, "token": self.token,
                 "host": self.host, "pid": self.pid,
-                "checkpoint": None if self.checkpoint is None else dict(self.checkpoint)}
+                "checkpoint": None if self.checkpoint is None else dict(self.checkpoint),
+                **resume_flags_msg(self)}
 
     @classmethod
     def from_msg(cls, msg: Any) -> "AttachRequest":
         r = Reader(cls.__name__, msg)
         out = cls(r.str("job"), r.int("rank"), r.str("client"), r.str("token"), r.str("host"),
-                  r.int("pid"), r.optional("checkpoint", check_dict))
+                  r.int("pid"), r.optional("checkpoint", check_dict), **read_resume_flags(r))
         r.done()
         return out
 
