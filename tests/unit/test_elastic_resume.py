@@ -292,3 +292,15 @@ def test_version_1_checkpoints_restore_under_the_identical_plan_only():
     with pytest.raises(CheckpointError, match=r"format version 1 without a data section restores "
                                               r"only under the identical plan"):
         resume(plan(dp=2), ckpt=v1)
+
+
+def test_simulate_resumes_from_a_checkpoint_and_hands_out_checkpoints():
+    from mdata.planner import simulate
+
+    first = simulate(plan(), K, META, checkpoints=[3, K])
+    assert sorted(first.checkpoints) == [3, K]
+    assert first.checkpoints[K]["cursors"] == CKPT["cursors"] and "listings" in first.checkpoints[K]
+    again = simulate(plan(dp=8), STEPS - K, META, keep_samples=True, checkpoint=first.checkpoints[K])
+    assert again.steps.tolist() == list(range(K, STEPS))
+    union = {s: sorted(i for rank in ranks for i in rank) for s, ranks in again.samples.items()}
+    assert union == per_step_union(REFERENCE, K, STEPS)
