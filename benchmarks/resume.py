@@ -117,7 +117,7 @@ def run(quick: bool = False) -> dict[str, object]:
     checks["mixture change on DP 2"] = (_continues(plan, meta, ckpt, again, steps)
                                         and _exact_counts(plan, again))
     failed = [name for name, ok in checks.items() if not ok]
-    light = Checkpoint.from_dict(ckpt).without_listings()
+    light = Checkpoint.from_dict(ckpt).light()
     return {
         "resume.elastic_ok": figure(
             float(not failed), goal="1 (resumed steps identical on another mesh; orders continue)",

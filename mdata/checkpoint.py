@@ -9,11 +9,14 @@ ahead loading ran, so restoring it on a fresh cluster yields the same samples fr
 
 Version 2 adds what a resume checks (see :mod:`mdata.planner.resume`): ``data``, the job's
 :class:`~mdata.identity.DataIdentity` (per source its URL, chunk rows and a digest of its shard
-listing; the seed and shuffle window), and ``schedule``, the mixture's ``config()``. It may carry
-``listings`` too, every shard's name and row count, so that a refusal can name the shard that
-changed: the checkpoint that travels with every batch leaves them out (it stays a few hundred
-bytes), the one ``Loader.state_dict()`` and ``JobHandle.checkpoint()`` return has them. Version 1
-checkpoints (no ``data``) are still read; they restore only under the plan that wrote them.
+listing; the seed and shuffle window), ``schedule``, the mixture's ``config()``, and
+``listings``, every shard's name and row count, so that a refusal can name the shard that
+changed. Those are the same for every step of a job, so the checkpoint that travels with every
+batch is the **light** form: it keeps of them only ``identity``, a digest of the data identity and
+the mixture, and stays as small as the per-step state. The Loader learns the job's data once,
+when it attaches, and hands out the full form from ``state_dict()``; ``JobHandle.checkpoint()``
+returns the full form too. Version 1 checkpoints (no ``data``) are still read; they restore only
+under the plan that wrote them.
 """
 
 from __future__ import annotations
@@ -44,7 +47,9 @@ class Checkpoint:
     weights already decided for steps from ``step`` on (``pinned``, step -> weights in source
     order); empty for schedules that depend on the step alone.
     ``data``: the :class:`~mdata.identity.DataIdentity` as a dict; ``schedule``: the mixture's
-    ``config()``; ``listings``: optional ``{source: [[shard name, rows], ...]}`` (None: left out).
+    ``config()``; ``listings``: ``{source: [[shard name, rows], ...]}``; ``identity``: a digest of
+    the data identity and the mixture (all four None in version 1; only ``identity`` is set in
+    the light form, see the module docstring).
     """
 
     fingerprint: str
@@ -59,15 +64,21 @@ class Checkpoint:
     data: Mapping[str, Any] | None = None
     schedule: Mapping[str, Any] | None = None
     listings: Mapping[str, Any] | None = None
+    identity: str | None = None
 
     @property
     def data_identity(self) -> DataIdentity | None:
-        """The data the checkpoint was written for (None for version 1)."""
+        """The data the checkpoint was written for (None for version 1 and the light form)."""
         return None if self.data is None else DataIdentity.from_dict(self.data, self.sources)
 
-    def without_listings(self) -> "Checkpoint":
-        """The same checkpoint, light: what travels with every batch."""
-        return replace(self, listings=None)
+    @property
+    def is_light(self) -> bool:
+        """True for the form that travels with batches (the job's data left out)."""
+        return self.identity is not None and self.data is None
+
+    def light(self) -> "Checkpoint":
+        """The same checkpoint without what is the same for every step of the job."""
+        return replace(self, data=None, schedule=None, listings=None)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-safe dict (``json.dumps`` works on it as is)."""
@@ -82,7 +93,7 @@ class Checkpoint:
             "seed": int(self.seed),
             "mixture": _jsonable(self.mixture),
         }
-        for name in ("data", "schedule", "listings"):
+        for name in ("data", "schedule", "listings", "identity"):
             value = getattr(self, name)
             if value is not None:
                 out[name] = _jsonable(value)
@@ -120,6 +131,7 @@ class Checkpoint:
                 data=None if data.get("data") is None else _jsonable(data["data"]),
                 schedule=None if data.get("schedule") is None else _jsonable(data["schedule"]),
                 listings=None if data.get("listings") is None else _jsonable(data["listings"]),
+                identity=None if data.get("identity") is None else str(data["identity"]),
             )
             ckpt._check_data()
             return ckpt

@@ -128,8 +128,11 @@ class SourceData:
     appended: tuple[tuple[int, int], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"url": self.url, "chunk_rows": self.chunk_rows, "shards": self.shards,
+        """JSON-safe; a URL (None for a source given by name only) and growths only when set."""
+        out: dict[str, Any] = {"chunk_rows": self.chunk_rows, "shards": self.shards,
                                "rows": self.rows, "listing": self.listing}
+        if self.url is not None:
+            out["url"] = self.url
         if self.appended:
             out["appended"] = [list(a) for a in self.appended]
         return out

@@ -210,6 +210,8 @@ class SourceOrder:
         return int(firsts[i]) + epochs, pos
 
     def epoch_of(self, cursor: int) -> int:
+        if not self.appended:  # the common case, once per source in every checkpoint
+            return int(cursor) // self.num_rows
         return self._locate(int(cursor))[0]
 
     def epoch_start(self, epoch: int) -> int:

@@ -347,7 +347,8 @@ class JobRuntime:
         role = self.plan.mesh.role(rank)
         checkpoint = self.view.checkpoint(step + 1)
         if checkpoint is None:  # not in the view (asked again after every group consumed it)
-            checkpoint = (await self.read_state(lambda state: state.checkpoint(step + 1))).to_dict()
+            checkpoint = (await self.read_state(
+                lambda state: state.checkpoint(step + 1, light=True))).to_dict()
         return BatchLocationReply(Status.OK, BatchLocation(
             key=tuple(fut.key),
             who_has=tuple(who_has),
@@ -418,8 +419,7 @@ class JobRuntime:
         logger.info("mdata job %s: rank %d attached (%s), generation %d from step %d%s", self.job,
                     req.rank, holder.describe(), att.generation, att.start_step,
                     ", rewound" if att.rewind else "")
-        return AttachReply(att.generation, att.start_step, identity.data.fingerprint(),
-                           identity.listings())
+        return AttachReply(att.generation, att.start_step, identity.job_data())
 
     async def rewind_for_driver(self, checkpoint: dict,
                                 options: "ps.ResumeOptions | None" = None) -> None:

@@ -20,7 +20,7 @@ import numpy as np
 from mdata.checkpoint import Checkpoint
 from mdata.errors import CheckpointError
 from mdata.identity import DataIdentity, listing_entries
-from mdata.planner.resume import Resume, schedule_description
+from mdata.planner.resume import Resume, identity_digest, schedule_description
 
 if TYPE_CHECKING:  # pragma: no cover
     from mdata.planner.state import PlannerState
@@ -32,20 +32,28 @@ __all__ = ["JobIdentity", "take_checkpoint", "restore_checkpoint", "as_checkpoin
 class JobIdentity:
     """What every checkpoint of a job records about the job, computed once: the plan's
     fingerprint, the data identity (listings and their growths included), the mixture's config,
-    and each source's ``(shard name, rows)`` entries."""
+    each source's ``(shard name, rows)`` entries, and the digest a light checkpoint keeps."""
 
     plan_fingerprint: str
     data: DataIdentity
     data_dict: Mapping[str, Any]
     schedule: Any
     entries: Mapping[str, tuple[tuple[str, int], ...]]
+    digest: str
 
     @classmethod
     def of(cls, plan: Any, listings: Mapping[str, Any],
            appended: Mapping[str, Sequence[tuple[int, int]]] | None = None) -> "JobIdentity":
         entries = {n: listing_entries(listings[n]) for n in plan.source_names}
         data = DataIdentity.of(plan, entries, appended)
-        return cls(plan.fingerprint(), data, data.to_dict(), schedule_description(plan), entries)
+        schedule = schedule_description(plan)
+        return cls(plan.fingerprint(), data, data.to_dict(), schedule, entries,
+                   identity_digest(data, schedule))
+
+    def job_data(self) -> dict[str, Any]:
+        """What a Loader adds to the light checkpoints of this job (see :mod:`mdata.checkpoint`)."""
+        return {"identity": self.digest, "data": dict(self.data_dict), "schedule": self.schedule,
+                "listings": self.listings()}
 
     def listings(self) -> dict[str, list[list[Any]]]:
         """``{source: [[shard name, rows], ...]}``: what a stored checkpoint carries."""
@@ -56,10 +64,12 @@ def as_checkpoint(checkpoint: Checkpoint | Mapping[str, Any]) -> Checkpoint:
     return checkpoint if isinstance(checkpoint, Checkpoint) else Checkpoint.from_dict(checkpoint)
 
 
-def take_checkpoint(state: PlannerState, step: int, *, with_listings: bool = False) -> Checkpoint:
+def take_checkpoint(state: PlannerState, step: int, *, with_listings: bool = False,
+                    light: bool = False) -> Checkpoint:
     """The checkpoint as of having consumed every step before ``step`` (see the module docstring);
     ``with_listings``: add every shard's name and row count (what a stored checkpoint needs to
-    name a changed shard; the one that travels with batches leaves them out)."""
+    name a changed shard); ``light``: the form that travels with batches, without what is the same
+    for every step of the job (see :mod:`mdata.checkpoint`)."""
     if not state.consumed_step <= step <= state.balanced_step:
         raise CheckpointError(
             f"can checkpoint steps {state.consumed_step}..{state.balanced_step} (consumed by "
@@ -74,7 +84,7 @@ def take_checkpoint(state: PlannerState, step: int, *, with_listings: bool = Fal
         raise CheckpointError(f"no cursor snapshot for step {step}")
     names, plan, identity = state.names, state.plan, state.identity
     planned = {t: state.steps[t].weights for t in range(step, state.planned_step)}
-    return Checkpoint(
+    ckpt = Checkpoint(
         fingerprint=identity.plan_fingerprint,
         step=int(step),
         sources=names,
@@ -86,7 +96,9 @@ def take_checkpoint(state: PlannerState, step: int, *, with_listings: bool = Fal
         data=identity.data_dict,
         schedule=identity.schedule,
         listings=identity.listings() if with_listings else None,
+        identity=identity.digest,
     )
+    return ckpt.light() if light else ckpt
 
 
 def restore_checkpoint(state: PlannerState, checkpoint: Checkpoint | Mapping[str, Any],

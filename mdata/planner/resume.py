@@ -19,8 +19,9 @@ and the shuffle window. So:
   global batch every step holds the same samples as without the interruption; with another
   global batch each source's order simply continues.
 
-A checkpoint without a data section (format version 1) restores only under the plan that wrote it
-(its fingerprint, computed as version 1 computed it).
+A checkpoint without a data section restores under stricter rules: the light form that travels
+with batches only onto the same data and mixture (it keeps their digest, and cannot say what
+changed), version 1 only under the plan that wrote it (its fingerprint, as version 1 computed it).
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ from mdata.errors import CheckpointError, PlanError
 from mdata.identity import DataIdentity, SourceData, describe, digest, listing_entries
 from mdata.order import SourceOrder
 
-__all__ = ["ResumeOptions", "Resume", "plan_resume", "schedule_description", "legacy_fingerprint"]
+__all__ = ["ResumeOptions", "Resume", "plan_resume", "schedule_description", "identity_digest",
+           "legacy_fingerprint"]
 
 _SHOWN = 5  # changed shards named in a refusal, per source
 
@@ -69,6 +71,11 @@ def schedule_description(plan: Any) -> Any:
     return describe(plan.mixture.config())
 
 
+def identity_digest(data: DataIdentity, schedule: Any) -> str:
+    """What a light checkpoint keeps of the job's data identity and mixture."""
+    return digest([data.fingerprint(), schedule])
+
+
 def legacy_fingerprint(plan: Any) -> str:
     """The fingerprint format version 1 wrote: a hash of the plan's configuration then."""
     mesh = plan.mesh
@@ -96,6 +103,9 @@ def plan_resume(ckpt: Checkpoint, plan: Any, listings: Mapping[str, Any],
                 options: ResumeOptions = ResumeOptions()) -> Resume:
     """Check ``ckpt`` against ``plan`` and its sources' ``listings``; raise
     :class:`CheckpointError` saying what changed, or return how the job continues."""
+    if ckpt.is_light:
+        _check_light(ckpt, plan, listings)
+        return Resume()
     if ckpt.data is None:
         _check_same_plan(ckpt, plan)
         return Resume()
@@ -144,6 +154,21 @@ def _check_same_plan(ckpt: Checkpoint, plan: Any) -> None:
         raise CheckpointError(
             f"checkpoint sources {list(ckpt.sources)} differ from the plan's {list(plan.source_names)}"
         )
+
+
+def _check_light(ckpt: Checkpoint, plan: Any, listings: Mapping[str, Any]) -> None:
+    now = identity_digest(DataIdentity.of(plan, listings), schedule_description(plan))
+    if ckpt.identity != now:
+        raise CheckpointError(
+            f"checkpoint at step {ckpt.step} was written by plan {ckpt.fingerprint}, not by this "
+            f"plan {plan.fingerprint()}, and it is the light form that travels with batches: it "
+            "keeps only a digest of its data and mixture, and this plan's data or mixture differ "
+            "(or its listing grew), so it cannot say what changed nor accept any change; restore "
+            "the checkpoint Loader.state_dict() or JobHandle.checkpoint() returns"
+        )
+    if tuple(ckpt.sources) != tuple(plan.source_names):
+        raise CheckpointError(
+            f"checkpoint sources {list(ckpt.sources)} differ from the plan's {list(plan.source_names)}")
 
 
 def _sources_changed(old: Sequence[str], now: Sequence[str]) -> str:

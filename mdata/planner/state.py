@@ -171,10 +171,10 @@ class PlannerState:
         """The job's mixture (its own copy: a stateful policy's state is the job's)."""
         return self.provisioner.schedule
 
-    def checkpoint(self, step: int, *, with_listings: bool = False) -> Checkpoint:
-        """The checkpoint as of having consumed every step before ``step`` (``with_listings``:
-        with every shard's name and rows, see :func:`~mdata.planner.checkpoints.take_checkpoint`)."""
-        return take_checkpoint(self, step, with_listings=with_listings)
+    def checkpoint(self, step: int, *, with_listings: bool = False, light: bool = False) -> Checkpoint:
+        """The checkpoint as of having consumed every step before ``step`` (``with_listings``,
+        ``light``: see :func:`~mdata.planner.checkpoints.take_checkpoint`)."""
+        return take_checkpoint(self, step, with_listings=with_listings, light=light)
 
     @classmethod
     def from_checkpoint(

@@ -1,10 +1,11 @@
 """What a Loader stores and restores: its ``state_dict()`` and the Planner checkpoint inside it.
 
-The checkpoint that travels with every batch is light: it names each source's shard listing by a
-digest only, so it stays a few hundred bytes however many shards there are. The Loader learns the
-job's listings once, when it attaches, and puts them into the checkpoint it hands out from
-``state_dict()``, so a stored checkpoint can say which shard changed when it is refused (see
-:mod:`mdata.planner.resume`).
+The checkpoint that travels with every batch is light: of what is the same for every step of the
+job (its data identity, its mixture and every shard's listing) it keeps a digest only, so it stays
+as small as the per-step state however many sources and shards there are. The Loader learns the
+job's data once, when it attaches, and puts it into the checkpoint it hands out from
+``state_dict()``: a stored checkpoint can then resume under another plan and say what changed when
+it is refused (see :mod:`mdata.planner.resume`).
 """
 
 from __future__ import annotations
@@ -41,21 +42,22 @@ def checkpoint_of(state: dict | None) -> dict | None:
 
 @dataclass(frozen=True)
 class JobData:
-    """The job's data as the attach reply described it: its data fingerprint and listings."""
+    """What every checkpoint of the job shares, as the attach reply gave it (``identity``,
+    ``data``, ``schedule``, ``listings``); empty before the Loader attached."""
 
-    fingerprint: str | None = None
-    listings: Mapping[str, Any] | None = None
+    shared: Mapping[str, Any] | None = None
 
     def complete(self, checkpoint: Mapping[str, Any] | None) -> dict | None:
-        """``checkpoint`` with the job's listings, when it is a checkpoint of this data without
-        them; anything else unchanged (a restored checkpoint of other data keeps its own)."""
+        """``checkpoint`` in its full form when it is a light checkpoint of this job; anything
+        else unchanged (a restored checkpoint keeps its own data)."""
         if checkpoint is None:
             return None
         out = dict(checkpoint)
-        data = out.get("data")
-        if (self.listings is not None and out.get("listings") is None and isinstance(data, Mapping)
-                and data.get("fingerprint") == self.fingerprint):
-            out["listings"] = {k: [list(e) for e in v] for k, v in self.listings.items()}
+        shared = self.shared
+        if (shared is not None and out.get("data") is None and out.get("identity") is not None
+                and out["identity"] == shared.get("identity")):
+            for key in ("data", "schedule", "listings"):
+                out[key] = shared.get(key)
         return out
 
 

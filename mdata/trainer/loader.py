@@ -184,7 +184,7 @@ class Loader:
             self._validate_mesh(info)
             lease = self._lease()
             self._generation = lease.generation
-            self._data = JobData(lease.data_fingerprint, lease.listings)
+            self._data = JobData(lease.job_data)
             self._next_step = lease.start_step
             self.info = {**info.to_msg(), "start_step": lease.start_step}
             mesh = info.mesh.place_tree()

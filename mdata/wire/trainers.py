@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mdata.wire.codec import Handler, Message, Reader, Request, check_dict, check_str
+from mdata.wire.codec import Handler, Message, Reader, Request, check_dict
 from mdata.wire.jobs import OkReply, read_resume_flags, resume_flags_msg
 
 __all__ = ["AttachRequest", "AttachReply", "DetachRequest"]
@@ -23,26 +23,22 @@ __all__ = ["AttachRequest", "AttachReply", "DetachRequest"]
 class AttachReply(Message):
     """The generation of the job the Loader joined and the first step it receives.
 
-    ``data_fingerprint`` and ``listings`` (``{source: [[shard name, rows], ...]}``) describe the
-    job's data: the Loader adds the listings to the checkpoints of that data it hands out, so a
-    stored checkpoint can name a shard that changed (the checkpoints that travel with batches
-    leave them out to stay small)."""
+    ``job_data`` is what every checkpoint of the job shares (``identity``, ``data``,
+    ``schedule``, ``listings``; see mdata.checkpoint): the checkpoints that travel with batches
+    leave it out to stay small, and the Loader adds it to the ones it hands out."""
 
     generation: int
     start_step: int
-    data_fingerprint: str | None = None
-    listings: Mapping[str, Any] | None = None
+    job_data: Mapping[str, Any] | None = None
 
     def to_msg(self) -> dict[str, Any]:
         return {"generation": self.generation, "start_step": self.start_step,
-                "data_fingerprint": self.data_fingerprint,
-                "listings": None if self.listings is None else dict(self.listings)}
+                "job_data": None if self.job_data is None else dict(self.job_data)}
 
     @classmethod
     def from_msg(cls, msg: Any) -> "AttachReply":
         r = Reader(cls.__name__, msg)
-        out = cls(r.int("generation"), r.int("start_step"),
-                  r.optional("data_fingerprint", check_str), r.optional("listings", check_dict))
+        out = cls(r.int("generation"), r.int("start_step"), r.optional("job_data", check_dict))
         r.done()
         return out
 

@@ -189,9 +189,9 @@ def test_changed_data_is_refused_naming_what_changed():
                                               r"600 rows, now 2 shards and 590 rows\): shard 1 '#1' "
                                               r"had 300 rows, has 290 now"):
         resume(plan(), meta=shorter)
-    light = {k: v for k, v in CKPT.items() if k != "listings"}
+    unlisted = {k: v for k, v in CKPT.items() if k != "listings"}
     with pytest.raises(CheckpointError, match=r"carries no listing to name the shard"):
-        resume(plan(), ckpt=light, meta=shorter)
+        resume(plan(), ckpt=unlisted, meta=shorter)
     reordered = Plan(["code", "web", "chat"]).mix(WEIGHTS).balance(
         micro_batches=2, max_tokens=4096, global_batch=48).distribute(ClientPlaceTree(dp=4)).seed(7).shuffle(2)
     with pytest.raises(CheckpointError, match=r"sources were \['web', 'code', 'chat'\], are now "
@@ -285,7 +285,7 @@ def test_version_1_checkpoints_restore_under_the_identical_plan_only():
     from mdata.planner.resume import legacy_fingerprint
 
     p = plan()
-    v1 = {k: v for k, v in CKPT.items() if k not in ("data", "schedule", "listings")}
+    v1 = {k: v for k, v in CKPT.items() if k not in ("data", "schedule", "listings", "identity")}
     v1.update(version=1, fingerprint=legacy_fingerprint(p))
     again = resume(p, ckpt=v1)
     assert per_step_union(again, K, STEPS) == per_step_union(REFERENCE, K, STEPS)
@@ -304,3 +304,27 @@ def test_simulate_resumes_from_a_checkpoint_and_hands_out_checkpoints():
     assert again.steps.tolist() == list(range(K, STEPS))
     union = {s: sorted(i for rank in ranks for i in rank) for s, ranks in again.samples.items()}
     assert union == per_step_union(REFERENCE, K, STEPS)
+
+
+# -- the light form that travels with batches ----------------------------------------------------------
+def test_the_light_form_resumes_on_another_placement_but_accepts_no_other_change():
+    from mdata.checkpoint import Checkpoint
+    from mdata.trainer.checkpoints import JobData
+
+    light = Checkpoint.from_dict(CKPT).light().to_dict()
+    assert light == PlannerState(plan(), META).checkpoint(0, light=True).to_dict() | {
+        k: CKPT[k] for k in ("step", "cursors", "epochs", "apportioner", "mixture")}
+    assert set(light) >= {"identity", "cursors"} and not {"data", "schedule", "listings"} & set(light)
+    assert Checkpoint.from_dict(light).nbytes() < Checkpoint.from_dict(CKPT).nbytes() / 2
+    again = resume(plan(dp=8), ckpt=light)
+    assert per_step_union(again, K, STEPS) == per_step_union(REFERENCE, K, STEPS)
+    for changed, options in ((plan().seed(8), {}), (plan(mix=NEW_MIX), {"allow_mixture_change": True})):
+        with pytest.raises(CheckpointError, match=r"written by plan .* not by this plan .* light "
+                                                  r"form .* restore the checkpoint Loader\.state_dict\(\)"):
+            resume(changed, ckpt=light, **options)
+    # what a Loader hands out: the light checkpoint completed with the job's data from attach
+    shared = REFERENCE.state.identity.job_data()
+    assert JobData(shared).complete(light) == CKPT
+    other = dict(light, identity="0" * 16)
+    assert JobData(shared).complete(other) == other  # not this job's: left as it is
+    assert JobData().complete(light) == light

@@ -94,8 +94,9 @@ MESSAGES = [
     m.AttachRequest(job="pretrain", rank=3, client="Client-1", token="t0k", host="node7", pid=42,
                     checkpoint=None),
     m.AttachReply(generation=1, start_step=60),
-    m.AttachReply(generation=1, start_step=60, data_fingerprint="d00d",
-                  listings={"chat": [["part-0.parquet", 100], ["part-1.parquet", 7]]}),
+    m.AttachReply(generation=1, start_step=60, job_data={
+        "identity": "d00d", "data": {"seed": 7}, "schedule": {"class": "StaticMixture"},
+        "listings": {"chat": [["part-0.parquet", 100], ["part-1.parquet", 7]]}}),
     m.AttachRequest(job="pretrain", rank=3, client="Client-1", token="t0k", host="node7", pid=42,
                     checkpoint=checkpoint().to_dict(), accept_appended_shards=True,
                     allow_mixture_change=True),
