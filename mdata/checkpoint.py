@@ -6,21 +6,35 @@ handful of numbers: each source's cursor, the apportioner's carries, the mixture
 (and the weights it already decided for steps planned ahead), all tied to the plan's fingerprint.
 The checkpoint describes what the trainers *consumed* (everything before ``step``), never how far
 ahead loading ran, so restoring it on a fresh cluster yields the same samples from ``step`` on.
+
+Version 2 adds what a resume checks (see :mod:`mdata.planner.resume`): ``data``, the job's
+:class:`~mdata.identity.DataIdentity` (per source its URL, chunk rows and a digest of its shard
+listing; the seed and shuffle window), ``schedule``, the mixture's ``config()``, and
+``listings``, every shard's name and row count, so that a refusal can name the shard that
+changed. Those are the same for every step of a job, so the checkpoint that travels with every
+batch is the **light** form: it keeps of them only ``identity``, a digest of the data identity and
+the mixture, and stays as small as the per-step state. The Loader learns the job's data once,
+when it attaches, and hands out the full form from ``state_dict()``; ``JobHandle.checkpoint()``
+returns the full form too. Version 1 checkpoints (no ``data``) are still read; they restore only
+under the plan that wrote them.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from mdata.errors import CheckpointError
+from mdata.identity import DataIdentity, digest, listing_entries
 
-__all__ = ["Checkpoint", "FORMAT_VERSION"]
+__all__ = ["Checkpoint", "FORMAT_VERSION", "READABLE_VERSIONS"]
 
 #: Bump when the meaning of a field changes; :meth:`Checkpoint.from_dict` refuses other versions.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: Versions this mdata restores (1: no data identity; it restores under the same plan only).
+READABLE_VERSIONS = (1, 2)
 
 
 @dataclass(frozen=True)
@@ -32,6 +46,10 @@ class Checkpoint:
     ``mixture``: the schedule's ``state_dict``, the metrics history a metric policy sees, and the
     weights already decided for steps from ``step`` on (``pinned``, step -> weights in source
     order); empty for schedules that depend on the step alone.
+    ``data``: the :class:`~mdata.identity.DataIdentity` as a dict; ``schedule``: the mixture's
+    ``config()``; ``listings``: ``{source: [[shard name, rows], ...]}``; ``identity``: a digest of
+    the data identity and the mixture (all four None in version 1; only ``identity`` is set in
+    the light form, see the module docstring).
     """
 
     fingerprint: str
@@ -43,10 +61,28 @@ class Checkpoint:
     seed: int
     mixture: Mapping[str, Any] = field(default_factory=dict)
     version: int = FORMAT_VERSION
+    data: Mapping[str, Any] | None = None
+    schedule: Mapping[str, Any] | None = None
+    listings: Mapping[str, Any] | None = None
+    identity: str | None = None
+
+    @property
+    def data_identity(self) -> DataIdentity | None:
+        """The data the checkpoint was written for (None for version 1 and the light form)."""
+        return None if self.data is None else DataIdentity.from_dict(self.data, self.sources)
+
+    @property
+    def is_light(self) -> bool:
+        """True for the form that travels with batches (the job's data left out)."""
+        return self.identity is not None and self.data is None
+
+    def light(self) -> "Checkpoint":
+        """The same checkpoint without what is the same for every step of the job."""
+        return replace(self, data=None, schedule=None, listings=None)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-safe dict (``json.dumps`` works on it as is)."""
-        return {
+        out = {
             "version": self.version,
             "fingerprint": self.fingerprint,
             "step": int(self.step),
@@ -57,6 +93,11 @@ class Checkpoint:
             "seed": int(self.seed),
             "mixture": _jsonable(self.mixture),
         }
+        for name in ("data", "schedule", "listings", "identity"):
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = _jsonable(value)
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Checkpoint":
@@ -64,10 +105,11 @@ class Checkpoint:
         if not isinstance(data, Mapping):
             raise CheckpointError(f"a checkpoint is a dict, got {type(data).__name__}")
         version = data.get("version")
-        if version != FORMAT_VERSION:
+        if version not in READABLE_VERSIONS:
             raise CheckpointError(
-                f"checkpoint format version {version!r} is not supported (this mdata reads version "
-                f"{FORMAT_VERSION}); restore it with the mdata release that wrote it"
+                f"checkpoint format version {version!r} is not supported (this mdata reads versions "
+                f"{', '.join(map(str, READABLE_VERSIONS))}); restore it with the mdata release that "
+                "wrote it"
             )
         try:
             sources = tuple(str(s) for s in data["sources"])
@@ -76,7 +118,7 @@ class Checkpoint:
                 raise CheckpointError(
                     f"checkpoint lists sources {list(sources)} but has cursors for {sorted(cursors)}"
                 )
-            return cls(
+            ckpt = cls(
                 fingerprint=str(data["fingerprint"]),
                 step=int(data["step"]),
                 sources=sources,
@@ -86,7 +128,13 @@ class Checkpoint:
                 seed=int(data["seed"]),
                 mixture=dict(data.get("mixture", {})),
                 version=int(version),
+                data=None if data.get("data") is None else _jsonable(data["data"]),
+                schedule=None if data.get("schedule") is None else _jsonable(data["schedule"]),
+                listings=None if data.get("listings") is None else _jsonable(data["listings"]),
+                identity=None if data.get("identity") is None else str(data["identity"]),
             )
+            ckpt._check_data()
+            return ckpt
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise CheckpointError(
                 f"checkpoint is corrupt or incomplete ({type(exc).__name__}: {exc}); it must come "
@@ -104,18 +152,24 @@ class Checkpoint:
             raise CheckpointError(f"checkpoint is not valid JSON: {exc}") from None
         return cls.from_dict(data)
 
-    def check_plan(self, fingerprint: str, sources: tuple[str, ...]) -> None:
-        """Raise :class:`CheckpointError` unless this checkpoint was written for that plan."""
-        if self.fingerprint != fingerprint:
+    def _check_data(self) -> None:
+        """The data section names the checkpoint's sources, and listings match their digests."""
+        if self.data is None:
+            return  # version 1, or hand-made: it restores under the plan that wrote it only
+        if set(self.data["sources"]) != set(self.sources):
             raise CheckpointError(
-                f"checkpoint at step {self.step} was written by plan {self.fingerprint}, not by this "
-                f"plan {fingerprint}; sources, mixture, cost, batch shape, mesh, broadcast, seed or "
-                "shuffle differ. Restore it with the plan that wrote it"
+                f"checkpoint lists sources {list(self.sources)} but its data section describes "
+                f"{sorted(self.data['sources'])}"
             )
-        if tuple(self.sources) != tuple(sources):
-            raise CheckpointError(
-                f"checkpoint sources {list(self.sources)} differ from the plan's {list(sources)}"
-            )
+        identity = self.data_identity  # KeyError/TypeError on a malformed section
+        for name, entries in (self.listings or {}).items():
+            src = identity.source(name)
+            listing = [list(e) for e in listing_entries(entries)]
+            if src is None or src.listing != digest(listing):
+                raise CheckpointError(
+                    f"the shard listing of source {name!r} in this checkpoint does not match the "
+                    "digest it was written with; the checkpoint was edited or is corrupt"
+                )
 
     def nbytes(self) -> int:
         """Size of the JSON form: what a trainer stores next to its model checkpoint."""

@@ -15,6 +15,16 @@ because everything else follows from ``(seed, source name, row counts, chunk_row
 
 Nothing depends on how many loaders, constructors or trainers exist, so the order survives
 rescaling and restarts (the idea mosaicml/streaming calls elastic determinism).
+
+**Appended shards.** A job may resume onto a source whose listing grew at its end (shards sorted
+after every known one; see ``accept_appended_shards`` in docs/concepts.md). ``appended`` records
+each such growth as ``(epoch, shards_before)``: the epoch the cursor was in, and how many shards
+the source had until then. Epoch ``e`` then visits, in this order, the permutation of the chunks
+known when it began (exactly the permutation the job was following, so its cursor keeps its
+meaning and nothing read before is read again), then the chunks of each growth recorded at ``e``,
+permuted with their own seed ``(seed, crc32(name), e, j, APPEND_TAG)`` and cut into their own
+shuffle windows. Later epochs permute every chunk as usual. Epochs before a growth keep the row
+count they had, so absolute cursors stay valid across the growth.
 """
 
 from __future__ import annotations
@@ -29,7 +39,10 @@ import numpy as np
 
 from mdata.errors import PlanError
 
-__all__ = ["ChunkRef", "SourceOrder", "Taken", "stable_name_hash", "chunk_key"]
+__all__ = ["ChunkRef", "SourceOrder", "Taken", "stable_name_hash", "chunk_key", "APPEND_TAG"]
+
+#: Last word of the seed of an appended segment's permutation (keeps it apart from window seeds).
+APPEND_TAG = 0xA99E
 
 
 def stable_name_hash(name: str) -> int:
@@ -79,6 +92,12 @@ class Taken(NamedTuple):
     chunk_ids: np.ndarray
 
 
+class _Epoch(NamedTuple):
+    perm: np.ndarray  # chunk ids in visiting order
+    starts: np.ndarray  # epoch position where each shuffle window starts, then the epoch's rows
+    bounds: np.ndarray  # index into perm where each window starts, then len(perm)
+
+
 class _Window(NamedTuple):
     lo: int  # first epoch position of the window
     hi: int  # one past its last position
@@ -91,8 +110,10 @@ class SourceOrder:
     """The deterministic, infinite sample sequence of one source (see the module docstring).
 
     ``row_counts`` are the rows per shard, in the source's shard order (empty shards are allowed
-    and simply have no chunks). Epoch permutations and shuffle windows are computed on demand and
-    cached (a few of each), so memory stays at a few windows however large the source is.
+    and simply have no chunks). ``appended``: the growths of the listing, ``(epoch,
+    shards_before)`` each, in order (see the module docstring); empty for a listing that never
+    grew. Epoch permutations and shuffle windows are computed on demand and cached (a few of
+    each), so memory stays at a few windows however large the source is.
     """
 
     def __init__(
@@ -102,6 +123,7 @@ class SourceOrder:
         seed: int,
         name: str,
         window: int = 4,
+        appended: Sequence[tuple[int, int]] = (),
     ) -> None:
         counts = np.asarray(row_counts, dtype=np.int64).reshape(-1)
         if counts.size == 0 or (counts < 0).any() or counts.sum() == 0:
@@ -129,7 +151,11 @@ class SourceOrder:
         self.chunk_stop = np.minimum(self.chunk_start + self.chunk_rows, counts[self.chunk_shard])
         self.chunk_len = self.chunk_stop - self.chunk_start
         self._name_hash = stable_name_hash(name)
-        self._epochs: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+        self._chunk_cum = np.concatenate([[0], np.cumsum(per_shard)]).astype(np.int64)
+        self._row_cum = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self.appended = _check_appended(name, appended, self._row_cum)
+        self._eras = self._layout()
+        self._epochs: OrderedDict[int, _Epoch] = OrderedDict()
         self._windows: OrderedDict[tuple[int, int], _Window] = OrderedDict()
         self._last: tuple[int, _Window] | None = None  # (epoch, window): the fast path of take
 
@@ -149,31 +175,92 @@ class SourceOrder:
         return int(self._first_chunk[shard] + row // self.chunk_rows)
 
     # -- epochs and windows ---------------------------------------------------------------------
-    def epoch_of(self, cursor: int) -> int:
-        return int(cursor) // self.num_rows
+    def _layout(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Eras of equal-sized epochs: first epoch, first cursor and rows per epoch of each."""
+        firsts = sorted({0} | {e for e, _ in self.appended})
+        cursors, rows = [], []
+        cursor = 0
+        for i, e in enumerate(firsts):
+            cursors.append(cursor)
+            rows.append(self.epoch_rows(e))
+            if i + 1 < len(firsts):
+                cursor += (firsts[i + 1] - e) * rows[-1]
+        return (np.array(firsts, np.int64), np.array(cursors, np.int64), np.array(rows, np.int64))
 
-    def _epoch(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
-        """Chunk permutation of ``epoch`` and the epoch positions where each window starts."""
+    def _shards_after(self, epoch: int, inclusive: bool) -> int:
+        """Shards known at the start (``inclusive=False``) or the end of ``epoch``."""
+        for e, before in self.appended:
+            if e > epoch or (e == epoch and not inclusive):
+                return before
+        return int(self.row_counts.size)
+
+    def epoch_rows(self, epoch: int) -> int:
+        """Rows of ``epoch`` (every epoch has ``num_rows`` unless the listing grew)."""
+        if not self.appended:
+            return self.num_rows
+        return int(self._row_cum[self._shards_after(int(epoch), inclusive=True)])
+
+    def _locate(self, cursor: int) -> tuple[int, int]:
+        """``(epoch, position in the epoch)`` of an absolute cursor."""
+        if not self.appended:
+            return divmod(cursor, self.num_rows)
+        firsts, cursors, rows = self._eras
+        i = int(np.searchsorted(cursors, cursor, side="right")) - 1
+        epochs, pos = divmod(cursor - int(cursors[i]), int(rows[i]))
+        return int(firsts[i]) + epochs, pos
+
+    def epoch_of(self, cursor: int) -> int:
+        if not self.appended:  # the common case, once per source in every checkpoint
+            return int(cursor) // self.num_rows
+        return self._locate(int(cursor))[0]
+
+    def epoch_start(self, epoch: int) -> int:
+        """The absolute cursor of the first position of ``epoch``."""
+        firsts, cursors, rows = self._eras
+        i = int(np.searchsorted(firsts, int(epoch), side="right")) - 1
+        return int(cursors[i]) + (int(epoch) - int(firsts[i])) * int(rows[i])
+
+    def _epoch(self, epoch: int) -> _Epoch:
+        """Chunk permutation of ``epoch`` and where its shuffle windows start."""
         cached = self._epochs.get(epoch)
         if cached is not None:
             return cached
+        known = int(self._chunk_cum[self._shards_after(epoch, inclusive=False)])
         rng = np.random.Generator(np.random.PCG64([self.seed, self._name_hash, epoch]))
-        perm = rng.permutation(self.num_chunks)
-        ends = np.cumsum(self.chunk_len[perm])
-        starts = np.concatenate([[0], ends[:-1]])
-        window_starts = np.append(starts[:: self.window], self.num_rows)
-        cached = (perm, window_starts)
+        parts = [rng.permutation(known)]
+        bounds = [np.arange(0, known, self.window)]
+        offset = known
+        for j, (e, before) in enumerate(self.appended):
+            if e != epoch:
+                continue
+            lo = int(self._chunk_cum[before])
+            hi = int(self._chunk_cum[self._shards_after_growth(j)])
+            grown = np.random.Generator(np.random.PCG64(
+                [self.seed, self._name_hash, epoch, j, APPEND_TAG]))
+            parts.append(lo + grown.permutation(hi - lo))
+            bounds.append(offset + np.arange(0, hi - lo, self.window))
+            offset += hi - lo
+        perm = np.concatenate(parts).astype(np.int64)
+        bound = np.append(np.concatenate(bounds), perm.size).astype(np.int64)
+        rows = np.concatenate([[0], np.cumsum(self.chunk_len[perm])]).astype(np.int64)
+        cached = _Epoch(perm, rows[bound], bound)
         self._epochs[epoch] = cached
         if len(self._epochs) > 3:
             self._epochs.popitem(last=False)
         return cached
 
+    def _shards_after_growth(self, j: int) -> int:
+        return self.appended[j + 1][1] if j + 1 < len(self.appended) else int(self.row_counts.size)
+
+    def _window_index(self, ep: _Epoch, pos: int) -> int:
+        return int(np.searchsorted(ep.starts, pos, side="right")) - 1
+
     def _window_at(self, epoch: int, w: int) -> _Window:
         cached = self._windows.get((epoch, w))
         if cached is not None:
             return cached
-        perm, window_starts = self._epoch(epoch)
-        chunks = perm[w * self.window : (w + 1) * self.window]
+        ep = self._epoch(epoch)
+        chunks = ep.perm[ep.bounds[w]: ep.bounds[w + 1]]
         lengths = self.chunk_len[chunks]
         total = int(lengths.sum())
         chunk_ids = np.repeat(chunks, lengths)
@@ -185,8 +272,7 @@ class SourceOrder:
         shards, rows = self.chunk_shard[chunk_ids], rows[shuffle]
         for array in (shards, rows, chunk_ids):
             array.flags.writeable = False  # take() hands out views: nobody may change the cache
-        win = _Window(int(window_starts[w]), int(window_starts[w + 1]),
-                      shards, rows, chunk_ids)
+        win = _Window(int(ep.starts[w]), int(ep.starts[w + 1]), shards, rows, chunk_ids)
         self._windows[(epoch, w)] = win
         if len(self._windows) > 4:
             self._windows.popitem(last=False)
@@ -198,7 +284,7 @@ class SourceOrder:
         cursor, n = int(cursor), int(n)
         if cursor < 0 or n < 0:
             raise PlanError(f"source {self.name!r}: cursor {cursor} and count {n} must be >= 0")
-        epoch, pos = divmod(cursor, self.num_rows)
+        epoch, pos = self._locate(cursor)
         last = self._last
         if last is not None and last[0] == epoch and last[1].lo <= pos and pos + n <= last[1].hi:
             win = last[1]
@@ -206,8 +292,7 @@ class SourceOrder:
             return Taken(win.shards[a:b], win.rows[a:b], win.chunk_ids[a:b])
         parts: list[Taken] = []
         while n > 0:
-            _, window_starts = self._epoch(epoch)
-            w = int(np.searchsorted(window_starts, pos, side="right")) - 1
+            w = self._window_index(self._epoch(epoch), pos)
             win = self._window_at(epoch, w)
             self._last = (epoch, win)
             a = pos - win.lo
@@ -215,7 +300,7 @@ class SourceOrder:
             parts.append(Taken(win.shards[a:b], win.rows[a:b], win.chunk_ids[a:b]))
             n -= b - a
             pos += b - a
-            if pos >= self.num_rows:
+            if pos >= self.epoch_rows(epoch):
                 epoch, pos = epoch + 1, 0
         if len(parts) == 1:
             return parts[0]
@@ -231,12 +316,12 @@ class SourceOrder:
         Samples keep coming from these chunks until the cursor leaves the window, so the Planner
         holds them loaded that long instead of reloading them for every step.
         """
-        epoch, pos = divmod(int(cursor), self.num_rows)
-        perm, window_starts = self._epoch(epoch)
-        w = int(np.searchsorted(window_starts, pos, side="right")) - 1
-        base = epoch * self.num_rows
-        chunks = frozenset(perm[w * self.window : (w + 1) * self.window].tolist())
-        return base + int(window_starts[w]), base + int(window_starts[w + 1]), chunks
+        epoch, pos = self._locate(int(cursor))
+        ep = self._epoch(epoch)
+        w = self._window_index(ep, pos)
+        base = self.epoch_start(epoch)
+        chunks = frozenset(ep.perm[ep.bounds[w]: ep.bounds[w + 1]].tolist())
+        return base + int(ep.starts[w]), base + int(ep.starts[w + 1]), chunks
 
     def sample_at(self, cursor: int) -> tuple[int, int]:
         """``(shard, row)`` of the sample at ``cursor``."""
@@ -248,3 +333,25 @@ class SourceOrder:
         ids = self.take(cursor, n).chunk_ids
         _, first = np.unique(ids, return_index=True)
         return ids[np.sort(first)]
+
+
+def _check_appended(name: str, appended: Sequence[tuple[int, int]],
+                    row_cum: np.ndarray) -> tuple[tuple[int, int], ...]:
+    """Growths in order: epochs never decrease, shard counts grow, and the source had rows."""
+    out: list[tuple[int, int]] = []
+    shards = row_cum.size - 1
+    for item in appended:
+        try:
+            epoch, before = (int(v) for v in item)
+        except (TypeError, ValueError):
+            raise PlanError(f"source {name!r}: appended growth {item!r} is not (epoch, shards_before)") from None
+        prev_epoch, prev_before = out[-1] if out else (0, 0)
+        if epoch < prev_epoch or not prev_before < before < shards:
+            raise PlanError(
+                f"source {name!r}: appended growths {list(appended)} must have non-decreasing "
+                f"epochs and growing shard counts below the listing's {shards} shards"
+            )
+        if not out and row_cum[before] <= 0:
+            raise PlanError(f"source {name!r}: the shards known before the first growth have no rows")
+        out.append((epoch, before))
+    return tuple(out)

@@ -31,6 +31,7 @@ from typing import Any, Callable
 
 from mdata.cost import AttentionCost
 from mdata.errors import PlanError
+from mdata.identity import plan_fingerprint
 from mdata.mesh import BroadcastAxis, ClientPlaceTree, _check_broadcast_axis
 from mdata.mixing import MixtureSchedule, as_schedule
 
@@ -282,14 +283,16 @@ class Plan:
             "special_tokens": [cfg.pad_id, cfg.image_token_id],
         }
 
-    def fingerprint(self) -> str:
-        """Stable hash of :meth:`config` (same in every process and run).
+    def fingerprint(self, listings: Mapping[str, Any] | None = None) -> str:
+        """Stable hash of the plan's canonical description (same in every process and run).
 
-        The planning window is left out on purpose: it changes how far ahead the Planner works,
-        never which sample goes where, so a job may resume with a different window.
+        Callables are described by import path and fields, never by ``repr`` (see
+        :mod:`mdata.identity`). Without ``listings`` it works offline (a notebook); with each
+        source's listing (``{source: [(shard name, rows), ...]}``) it is the job's full
+        fingerprint. The planning window is left out on purpose: it changes how far ahead the
+        Planner works, never which sample goes where, so a job may resume with a different window.
         """
-        text = json.dumps(self.config(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+        return plan_fingerprint(self, listings)
 
     # -- display -------------------------------------------------------------------------------
     def __repr__(self) -> str:

@@ -57,10 +57,13 @@ class JobRuntime:
     """Executes one job's plan on the cluster; owns the futures that keep chunks and batches alive."""
 
     def __init__(self, scheduler, client, job: str, plan, state: "ps.PlannerState",
-                 listings: dict[str, list[int]] | None = None,
-                 lineage_steps: int | None = None) -> None:
+                 listings: dict[str, list] | None = None,
+                 lineage_steps: int | None = None,
+                 resume_options: "ps.ResumeOptions | None" = None) -> None:
         self.scheduler = scheduler
         self.listings = listings  # kept to rebuild the state when a trainer resumes (rewind)
+        # what the job was registered to accept on resume; a rewind accepts it too
+        self.resume_options = resume_options or ps.ResumeOptions()
         self.lineage_steps = lineage_steps
         # which Loader holds each rank, and which generation of the job it joined
         self.roster = TrainerRoster(plan.mesh.world_size, int(state.consumed_step))
@@ -352,7 +355,8 @@ class JobRuntime:
         role = self.plan.mesh.role(rank)
         checkpoint = self.view.checkpoint(step + 1)
         if checkpoint is None:  # not in the view (asked again after every group consumed it)
-            checkpoint = (await self.read_state(lambda state: state.checkpoint(step + 1))).to_dict()
+            checkpoint = (await self.read_state(
+                lambda state: state.checkpoint(step + 1, light=True))).to_dict()
         return BatchLocationReply(Status.OK, BatchLocation(
             key=tuple(fut.key),
             who_has=tuple(who_has),
@@ -412,23 +416,26 @@ class JobRuntime:
         (or that starts another step) rewinds the job to it (see mdata.planner.roster)."""
         holder = Holder(req.client, req.token, req.host, req.pid)
         step = None if req.checkpoint is None else int(req.checkpoint["step"])
+        options = ps.ResumeOptions(req.accept_appended_shards, req.allow_mixture_change)
         async with self.lock:
             last = self.consumed_steps.get(req.rank)
             att = self.roster.attach(req.rank, holder, checkpoint_step=step, is_live=self._is_live,
                                      next_step=None if last is None else last + 1)
             if att.rewind:
-                await self._rewind(req.checkpoint)
+                await self._rewind(req.checkpoint, options)
+            identity = self.state.identity
         logger.info("mdata job %s: rank %d attached (%s), generation %d from step %d%s", self.job,
                     req.rank, holder.describe(), att.generation, att.start_step,
                     ", rewound" if att.rewind else "")
-        return AttachReply(att.generation, att.start_step)
+        return AttachReply(att.generation, att.start_step, identity.job_data())
 
-    async def rewind_for_driver(self, checkpoint: dict) -> None:
+    async def rewind_for_driver(self, checkpoint: dict,
+                                options: "ps.ResumeOptions | None" = None) -> None:
         """A driver registered this (live) job again with a checkpoint of another step."""
         async with self.lock:
             if int(checkpoint["step"]) != self.roster.start_step:
                 self.roster.rewound_by_driver(int(checkpoint["step"]))
-                await self._rewind(checkpoint)
+                await self._rewind(checkpoint, options)
 
     def detach(self, rank: int, token: str) -> None:
         self.roster.detach(rank, token)
@@ -438,12 +445,14 @@ class JobRuntime:
         leaves the scheduler when its connection drops)."""
         return holder.client in self.scheduler.clients
 
-    async def _rewind(self, checkpoint: dict) -> None:
+    async def _rewind(self, checkpoint: dict, options: "ps.ResumeOptions | None" = None) -> None:
         """Drop everything planned past ``checkpoint`` and plan again from it; the caller holds
         the lock. The new state replans exactly what the old one planned from that step (same
-        plan, same listings, same cursors), so every rank sees the sequence it would have seen."""
-        state = ps.PlannerState.from_checkpoint(self.plan, self.listings, checkpoint, job=self.job,
-                                                lineage_steps=self.lineage_steps)
+        plan, same listings, same cursors), so every rank sees the sequence it would have seen.
+        It accepts what the job was registered to accept on resume, and ``options``."""
+        state = ps.PlannerState.from_checkpoint(
+            self.plan, self.listings, checkpoint, job=self.job, lineage_steps=self.lineage_steps,
+            options=self.resume_options | (options or ps.ResumeOptions()))
         if self.lineage is not None:  # the old generation's lineage stays told
             await asyncio.to_thread(self.lineage.rewound, self.state, state)
         for task in list(self._tasks):

@@ -49,11 +49,29 @@ register_routes()
 
 
 def _list_shards_task(source):
-    """Runs on a loader of the source's pool: shard paths and row counts from file metadata."""
-    from mdata.sources import list_shards
+    """Runs on a loader of the source's pool: ``[[shard name, rows], ...]`` from file metadata.
 
-    listing = list_shards(source)
-    return [int(shard.num_rows) for shard in listing.shards]
+    Names are relative to the source's URL (its directory, or a glob's fixed prefix), so the
+    listing says what the data is and the URL where it lives: a checkpoint names either change."""
+    from mdata.sources.listing import list_shards_resolved
+
+    listing, fs, paths = list_shards_resolved(source)
+    root = _listing_root(fs._strip_protocol(source.url), paths)
+    return [[_relative(path, root), int(shard.num_rows)] for path, shard in zip(paths, listing.shards)]
+
+
+def _listing_root(url_path: str, paths: list[str]) -> str:
+    """The folder shard names are relative to: a glob's fixed prefix, a folder, a file's folder."""
+    glob = min((i for i, c in enumerate(url_path) if c in "*?["), default=None)
+    if glob is not None:
+        return url_path[:glob].rsplit("/", 1)[0]
+    if paths == [url_path]:
+        return url_path.rsplit("/", 1)[0]
+    return url_path.rstrip("/")
+
+
+def _relative(path: str, root: str) -> str:
+    return path[len(root):].lstrip("/") if root and path.startswith(root + "/") else path
 
 
 class PlannerPlugin(SchedulerPlugin):
@@ -168,6 +186,7 @@ class PlannerPlugin(SchedulerPlugin):
 
     async def _register(self, req: msg.RegisterJobRequest) -> msg.JobInfo:
         job, checkpoint = req.job, req.checkpoint
+        options = ps.ResumeOptions(req.accept_appended_shards, req.allow_mixture_change)
         plan_obj = pickle.loads(req.plan).validate_for_delivery()
         fingerprint = plan_obj.fingerprint()
         existing = self.jobs.get(job)
@@ -178,7 +197,7 @@ class PlannerPlugin(SchedulerPlugin):
                     f"{existing.plan.fingerprint()} vs {fingerprint}); use another job name or close it"
                 )
             if checkpoint is not None:
-                await existing.rewind_for_driver(dict(checkpoint))
+                await existing.rewind_for_driver(dict(checkpoint), options)
             return self._job_info(existing)
         client = await self.client()
         listings = await self._list_shards(client, plan_obj)
@@ -188,17 +207,19 @@ class PlannerPlugin(SchedulerPlugin):
         if checkpoint is not None:
             state = ps.PlannerState.from_checkpoint(
                 plan_obj, listings, Checkpoint.from_dict(checkpoint), job=job,
-                lineage_steps=lineage_steps,
+                lineage_steps=lineage_steps, options=options,
             )
+            _log_resume(job, state)
         else:
             state = ps.PlannerState(plan_obj, listings, job=job, lineage_steps=lineage_steps)
-        runtime = JobRuntime(self.scheduler, client, job, plan_obj, state, listings, lineage_steps)
+        runtime = JobRuntime(self.scheduler, client, job, plan_obj, state, listings, lineage_steps,
+                             resume_options=options)
         self.jobs[job] = runtime
         await runtime.tick()
         logger.info("mdata job %s registered: %s", job, plan_obj)
         return self._job_info(runtime)
 
-    async def _list_shards(self, client, plan) -> dict[str, list[int]]:
+    async def _list_shards(self, client, plan) -> dict[str, list[list]]:
         futures = {
             src.name: client.submit(
                 _list_shards_task, src, resources={pool_resource(src.name): 1}, pure=False
@@ -247,7 +268,9 @@ class PlannerPlugin(SchedulerPlugin):
 
     async def checkpoint(self, req: msg.CheckpointRequest) -> msg.CheckpointReply:
         runtime = self._job(req.job)
-        return msg.CheckpointReply(await runtime.read_state(lambda state: state.checkpoint(req.step)))
+        # a checkpoint asked for is one to store: with the listings, to name a changed shard
+        return msg.CheckpointReply(await runtime.read_state(
+            lambda state: state.checkpoint(req.step, with_listings=True)))
 
     async def story(self, req: msg.StoryRequest) -> msg.StoryReply:
         """Every occurrence (one per epoch) of ``source/shard/row`` over the whole run, spilled
@@ -314,6 +337,14 @@ class PlannerPlugin(SchedulerPlugin):
         if runtime is not None:
             await runtime.close()
         return msg.OkReply()
+
+
+def _log_resume(job: str, state) -> None:
+    resume = state.resume
+    if resume.grown or resume.mixture_changed:
+        logger.warning("mdata job %s resumed at step %d with %s", job, state.consumed_step, ", ".join(
+            [f"{n} shards appended to source {s!r}" for s, n in resume.grown.items()]
+            + (["a new mixture (its carries restart)"] if resume.mixture_changed else [])))
 
 
 def _client_security(security):

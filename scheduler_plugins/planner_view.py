@@ -36,9 +36,10 @@ __all__ = ["PlannerView"]
 class PlannerView:
     """An immutable snapshot of one job's Planner after a ``handle`` (see the module docstring).
 
-    ``checkpoints`` maps step ``s + 1`` to the checkpoint dict (``Checkpoint.to_dict()``) of having
-    consumed step ``s``, for every balanced step ``s`` not yet consumed by every group. The dicts
-    are shared by every reply that carries them and never modified.
+    ``checkpoints`` maps step ``s + 1`` to the checkpoint dict (``Checkpoint.to_dict()``, the light
+    form: the Loader adds the job's data) of having consumed step ``s``, for every balanced step
+    ``s`` not yet consumed by every group. The dicts are shared by every reply that carries them
+    and never modified.
     """
 
     names: tuple[str, ...]
@@ -62,7 +63,7 @@ class PlannerView:
         }
         for step in balanced:
             try:
-                kept[int(step) + 1] = state.checkpoint(int(step) + 1).to_dict()
+                kept[int(step) + 1] = state.checkpoint(int(step) + 1, light=True).to_dict()
             except CheckpointError:  # consumed already in this same batch of events: not needed
                 pass
         names = tuple(state.names)

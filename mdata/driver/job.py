@@ -128,11 +128,15 @@ class JobHandle:
         self._names: tuple[str, ...] | None = None
 
     @classmethod
-    def submit(cls, client, plan, *, job: str = "default", checkpoint: Mapping | None = None) -> "JobHandle":
-        """Register ``plan`` as ``job`` (idempotent for the same plan) and return its handle."""
+    def submit(cls, client, plan, *, job: str = "default", checkpoint: Mapping | None = None,
+               accept_appended_shards: bool = False, allow_mixture_change: bool = False) -> "JobHandle":
+        """Register ``plan`` as ``job`` (idempotent for the same plan) and return its handle;
+        resume options as for :func:`~mdata.trainer.loader.submit_job`."""
         from mdata.trainer.loader import submit_job
 
-        submit_job(client, plan, job=job, checkpoint=None if checkpoint is None else dict(checkpoint))
+        submit_job(client, plan, job=job, checkpoint=None if checkpoint is None else dict(checkpoint),
+                   accept_appended_shards=accept_appended_shards,
+                   allow_mixture_change=allow_mixture_change)
         handle = cls(client, job)
         handle._names = tuple(plan.source_names)
         return handle

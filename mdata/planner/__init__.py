@@ -8,6 +8,9 @@ Modules, in the order a step goes through them:
   :mod:`~mdata.planner.chunk_table` (chunk requests, references, window holds, cost features),
   :mod:`~mdata.planner.selection` (final samples after skipped rows) and
   :mod:`~mdata.planner.assign` (pricing and balancing over DP ranks);
+* :mod:`~mdata.planner.checkpoints` (taking and restoring checkpoints) and
+  :mod:`~mdata.planner.resume` (what may change on resume: placement freely, the mixture when
+  asked, the data never, but for shards appended when asked);
 * :mod:`~mdata.planner.simulate`: the same state machine run on sample metadata, no cluster.
 
 Where this runs and how a step flows through it: docs/dev/architecture.md.
@@ -22,6 +25,7 @@ from mdata.planner.instructions import (
     ConstructBatch, Instruction, JobFailed, LoadChunk, PoolTarget, ReleaseBatch, ReleaseChunk,
     StepReady, StepSamples, StepSummary,
 )
+from mdata.planner.resume import Resume, ResumeOptions
 from mdata.planner.simulate import SimulationResult, simulate
 from mdata.planner.state import PlannerState
 
@@ -34,6 +38,6 @@ __all__ = [
     "JobFailed", "PoolTarget",
     # values
     "StepSamples", "StepSummary", "row_counts_of",
-    # the state machine and its offline run
-    "PlannerState", "simulate", "SimulationResult",
+    # the state machine, its resumes and its offline run
+    "PlannerState", "ResumeOptions", "Resume", "simulate", "SimulationResult",
 ]

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from mdata.errors import MdataError
+from mdata.identity import listing_entries
 from mdata.mixing import ExactApportioner, MetricsRecord, MixtureSchedule
 from mdata.order import SourceOrder
 from mdata.plan import Plan
@@ -29,22 +30,26 @@ __all__ = ["PlannedStep", "Provisioner", "row_counts_of", "source_orders"]
 
 
 def row_counts_of(listing: Any) -> np.ndarray:
-    """Rows per shard from a SourceListing, SourceMetadata, or a plain sequence of counts."""
+    """Rows per shard from a SourceListing, SourceMetadata, ``[(shard name, rows), ...]`` or a
+    plain sequence of counts."""
     if hasattr(listing, "shards"):
         return np.array([s.num_rows for s in listing.shards], dtype=np.int64)
     if hasattr(listing, "shard_rows"):
         return np.asarray(listing.shard_rows, dtype=np.int64)
-    return np.asarray(listing, dtype=np.int64).reshape(-1)
+    return np.array([rows for _, rows in listing_entries(listing)], dtype=np.int64)
 
 
-def source_orders(plan: Plan, listings: Mapping[str, Any]) -> list[SourceOrder]:
-    """Each source's deterministic order, in plan order, from its rows per shard."""
+def source_orders(plan: Plan, listings: Mapping[str, Any],
+                  appended: Mapping[str, Sequence[tuple[int, int]]] | None = None) -> list[SourceOrder]:
+    """Each source's deterministic order, in plan order, from its rows per shard (and the
+    growths of its listing a resume accepted, see :mod:`mdata.order`)."""
     names = plan.source_names
     missing = [n for n in names if n not in listings]
     if missing:
         raise MdataError(f"no listing (rows per shard) for sources {missing}; list their shards first")
+    grown = appended or {}
     return [SourceOrder(row_counts_of(listings[n]), plan.chunk_rows(n), plan.seed_value, n,
-                        plan.shuffle_chunks)
+                        plan.shuffle_chunks, appended=grown.get(n, ()))
             for n in names]
 
 

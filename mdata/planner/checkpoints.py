@@ -3,28 +3,73 @@
 A checkpoint of step ``s`` describes what trainers consumed (every step before ``s``), never how
 far ahead the Planner ran: it uses the snapshots taken when ``s`` was apportioned (the sources'
 final cursors and the apportioner's carries before ``s``) and the weights a stateful mixture
-already decided for steps from ``s`` on, so a resumed job plans exactly the same samples. The
-format is :class:`~mdata.checkpoint.Checkpoint`'s.
+already decided for steps from ``s`` on, so a resumed job plans exactly the same samples. It
+records the job's data identity and mixture too, which a resume checks
+(:mod:`mdata.planner.resume` says what may change). The format is
+:class:`~mdata.checkpoint.Checkpoint`'s.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from mdata.checkpoint import Checkpoint
 from mdata.errors import CheckpointError
+from mdata.identity import DataIdentity, listing_entries
+from mdata.planner.resume import Resume, identity_digest, schedule_description
 
 if TYPE_CHECKING:  # pragma: no cover
     from mdata.planner.state import PlannerState
 
-__all__ = ["take_checkpoint", "restore_checkpoint"]
+__all__ = ["JobIdentity", "take_checkpoint", "restore_checkpoint", "as_checkpoint"]
 
 
-def take_checkpoint(state: PlannerState, step: int) -> Checkpoint:
-    """The checkpoint as of having consumed every step before ``step`` (see the module docstring)."""
+@dataclass(frozen=True, eq=False)
+class JobIdentity:
+    """What every checkpoint of a job records about the job, computed once: the plan's
+    fingerprint, the data identity (listings and their growths included), the mixture's config,
+    each source's ``(shard name, rows)`` entries, and the digest a light checkpoint keeps."""
+
+    plan_fingerprint: str
+    data: DataIdentity
+    data_dict: Mapping[str, Any]
+    schedule: Any
+    entries: Mapping[str, tuple[tuple[str, int], ...]]
+    digest: str
+
+    @classmethod
+    def of(cls, plan: Any, listings: Mapping[str, Any],
+           appended: Mapping[str, Sequence[tuple[int, int]]] | None = None) -> "JobIdentity":
+        entries = {n: listing_entries(listings[n]) for n in plan.source_names}
+        data = DataIdentity.of(plan, entries, appended)
+        schedule = schedule_description(plan)
+        return cls(plan.fingerprint(), data, data.to_dict(), schedule, entries,
+                   identity_digest(data, schedule))
+
+    def job_data(self) -> dict[str, Any]:
+        """What a Loader adds to the light checkpoints of this job (see :mod:`mdata.checkpoint`)."""
+        return {"identity": self.digest, "data": dict(self.data_dict), "schedule": self.schedule,
+                "listings": self.listings()}
+
+    def listings(self) -> dict[str, list[list[Any]]]:
+        """``{source: [[shard name, rows], ...]}``: what a stored checkpoint carries."""
+        return {n: [[name, rows] for name, rows in e] for n, e in self.entries.items()}
+
+
+def as_checkpoint(checkpoint: Checkpoint | Mapping[str, Any]) -> Checkpoint:
+    return checkpoint if isinstance(checkpoint, Checkpoint) else Checkpoint.from_dict(checkpoint)
+
+
+def take_checkpoint(state: PlannerState, step: int, *, with_listings: bool = False,
+                    light: bool = False) -> Checkpoint:
+    """The checkpoint as of having consumed every step before ``step`` (see the module docstring);
+    ``with_listings``: add every shard's name and row count (what a stored checkpoint needs to
+    name a changed shard); ``light``: the form that travels with batches, without what is the same
+    for every step of the job (see :mod:`mdata.checkpoint`)."""
     if not state.consumed_step <= step <= state.balanced_step:
         raise CheckpointError(
             f"can checkpoint steps {state.consumed_step}..{state.balanced_step} (consumed by "
@@ -37,29 +82,43 @@ def take_checkpoint(state: PlannerState, step: int) -> Checkpoint:
         cursors, carry = state.cursors, state.provisioner.apportioner.carry
     if cursors is None:  # cannot happen while balanced_step >= step; kept as a typed error
         raise CheckpointError(f"no cursor snapshot for step {step}")
-    names, plan = state.names, state.plan
+    names, plan, identity = state.names, state.plan, state.identity
     planned = {t: state.steps[t].weights for t in range(step, state.planned_step)}
-    return Checkpoint(
-        fingerprint=plan.fingerprint(),
+    ckpt = Checkpoint(
+        fingerprint=identity.plan_fingerprint,
         step=int(step),
         sources=names,
         cursors={n: int(c) for n, c in zip(names, cursors)},
-        epochs={n: int(c) // o.num_rows for n, c, o in zip(names, cursors, state.orders)},
+        epochs={n: o.epoch_of(int(c)) for n, c, o in zip(names, cursors, state.orders)},
         apportioner={"carry": [float(x) for x in carry]},
         seed=plan.seed_value,
         mixture=state.provisioner.mixture_state(step, planned),
+        data=identity.data_dict,
+        schedule=identity.schedule,
+        listings=identity.listings() if with_listings else None,
+        identity=identity.digest,
     )
+    return ckpt.light() if light else ckpt
 
 
-def restore_checkpoint(state: PlannerState, checkpoint: Checkpoint | Mapping[str, Any]) -> None:
-    """Make a fresh ``state`` (nothing handled yet) continue exactly where ``checkpoint`` left off.
+def restore_checkpoint(state: PlannerState, checkpoint: Checkpoint | Mapping[str, Any],
+                       resume: Resume | None = None) -> None:
+    """Make a fresh ``state`` (nothing handled yet) continue where ``checkpoint`` left off.
 
-    Raises :class:`~mdata.errors.CheckpointError` if the checkpoint belongs to another plan.
+    ``resume`` is what :func:`~mdata.planner.resume.plan_resume` decided (the state must have
+    been built with its listing growths); with a changed mixture the apportioner starts afresh
+    and the old mixture's state is dropped, so the new weights hold exactly from the first step.
     """
-    ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else Checkpoint.from_dict(checkpoint)
-    ckpt.check_plan(state.plan.fingerprint(), state.names)
+    ckpt = as_checkpoint(checkpoint)
+    resume = resume if resume is not None else Resume()
     if state.planned_step or state.log:
         raise CheckpointError("restore a checkpoint into a fresh PlannerState, before any event")
+    if tuple(ckpt.sources) != tuple(state.names):
+        raise CheckpointError(
+            f"checkpoint sources {list(ckpt.sources)} differ from the plan's {list(state.names)}")
     state.consumed_step = state.balanced_step = state.planned_step = ckpt.step
     state.cursors = np.array([ckpt.cursors[n] for n in state.names], np.int64)
-    state.provisioner.restore(state.cursors, ckpt.apportioner, ckpt.mixture)
+    if resume.mixture_changed:
+        state.provisioner.restore(state.cursors, {"carry": [0.0] * len(state.names)}, {})
+    else:
+        state.provisioner.restore(state.cursors, ckpt.apportioner, ckpt.mixture)

@@ -5,7 +5,9 @@ The simulation is not a model of the Planner: it *is* the Planner (:class:`Plann
 an in-memory loader that answers every :class:`LoadChunk` from :class:`SourceMetadata` and by
 trainers that consume every step as soon as it is ready. So the per-step tables it returns
 (per-rank cost, imbalance against the lower bound, tokens and counts per source, target against
-realised weights) are exactly what the cluster would plan for the same data.
+realised weights) are exactly what the cluster would plan for the same data. It can start from a
+checkpoint (under another mesh, batch or, when allowed, mixture: what a resume would plan) and
+hand out the checkpoints of chosen steps.
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ from typing import Any
 
 import numpy as np
 
+from mdata.checkpoint import Checkpoint
 from mdata.errors import PlanError
 from mdata.metadata import SourceMetadata
 from mdata.plan import Plan
 from mdata.planner.events import BatchConsumed, ChunkLoaded, MetricsReported, Tick
 from mdata.planner.instructions import ConstructBatch, JobFailed, LoadChunk, StepReady, StepSummary
+from mdata.planner.resume import ResumeOptions
 from mdata.planner.state import PlannerState
 
 __all__ = ["SimulationResult", "simulate"]
@@ -44,6 +48,7 @@ class SimulationResult:
     truncated: np.ndarray  # int64[n]
     skipped: np.ndarray  # int64[n]
     samples: dict[int, list[list[tuple[str, int, int]]]] | None = None
+    checkpoints: dict[int, dict[str, Any]] | None = None  # step -> Checkpoint.to_dict()
 
     @property
     def makespan(self) -> np.ndarray:
@@ -125,18 +130,29 @@ def simulate(
     *,
     metrics: Callable[[int, StepSummary], Mapping[str, float] | None] | None = None,
     keep_samples: bool = False,
+    checkpoint: Checkpoint | Mapping[str, Any] | None = None,
+    resume_options: ResumeOptions | None = None,
+    checkpoints: Sequence[int] = (),
 ) -> SimulationResult:
     """Plan ``steps`` steps of ``plan`` on ``metadata`` with the Planner's own state machine.
 
     ``metrics(step, summary)`` may return metrics to report for each step (as rank 0 would), to
     exercise a :class:`~mdata.mixing.MetricMixturePolicy`. With ``keep_samples`` the result keeps,
-    per step, the ``(source, shard, row)`` ids each DP rank received.
+    per step, the ``(source, shard, row)`` ids each DP rank received. ``checkpoint``: start where
+    it left off (the steps simulated are the ``steps`` after it), accepting what
+    ``resume_options`` allow; ``checkpoints``: steps whose checkpoint (as of having consumed every
+    step before it) the result keeps, with listings.
     """
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise PlanError(f"simulate: steps must be an int >= 1, got {steps!r}")
     meta = _metadata_by_name(plan, metadata)
-    state = PlannerState(plan, {n: meta[n] for n in plan.source_names}, job="simulate",
-                         record_lineage=False)
+    listings = {n: meta[n] for n in plan.source_names}
+    if checkpoint is None:
+        state = PlannerState(plan, listings, job="simulate", record_lineage=False)
+    else:
+        state = PlannerState.from_checkpoint(plan, listings, checkpoint, options=resume_options,
+                                             job="simulate", record_lineage=False)
+    wanted, taken = set(int(s) for s in checkpoints), {}
     receivers = sorted(r for group in state.receivers for r in group)
     names = plan.source_names
     summaries: list[StepSummary] = []
@@ -165,6 +181,8 @@ def simulate(
                                                               stimulus_id=f"metrics-{s}")))
             queue.extend(state.handle(*(BatchConsumed(s, r, stimulus_id=f"consumed-{s}")
                                         for r in receivers)))
+            if s + 1 in wanted:
+                taken[s + 1] = state.checkpoint(s + 1, with_listings=True).to_dict()
         elif isinstance(ins, JobFailed):
             raise PlanError(f"simulate: {ins.reason}") from ins.error
     return SimulationResult(
@@ -180,4 +198,5 @@ def simulate(
         truncated=np.array([s.truncated for s in summaries], np.int64),
         skipped=np.array([s.skipped for s in summaries], np.int64),
         samples=samples,
+        checkpoints=taken if wanted else None,
     )

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import copy
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -43,13 +43,14 @@ from mdata.order import ChunkRef, SourceOrder
 from mdata.plan import Plan
 from mdata.planner.apportion import PlannedStep, Provisioner, source_orders
 from mdata.planner.assign import StepAssigner
-from mdata.planner.checkpoints import restore_checkpoint, take_checkpoint
+from mdata.planner.checkpoints import JobIdentity, as_checkpoint, restore_checkpoint, take_checkpoint
 from mdata.planner.chunk_table import ChunkTable, NotLoaded
 from mdata.planner.events import (
     BatchConsumed, BatchDelivered, ChunkFailed, ChunkLoaded, MetricsReported, PlannerEvent,
     RanksConsumed, Tick, WorkerLost,
 )
 from mdata.planner.instructions import Instruction, JobFailed, PoolTarget, ReleaseBatch, StepReady
+from mdata.planner.resume import Resume, ResumeOptions, plan_resume
 from mdata.planner.selection import select_samples
 from mdata.pool_demand import PoolSizer
 
@@ -72,6 +73,7 @@ class PlannerState:
     :class:`~mdata.lineage.LineageSegment` instead of it being forgotten (the runtime spills it
     to files, :mod:`mdata.lineage_spill`). It is called while events are handled: it must only
     hand the segment over, not write it.
+    ``appended``: growths of sources' listings a resume accepted (see :mod:`mdata.order`).
     """
 
     def __init__(
@@ -85,6 +87,7 @@ class PlannerState:
         record_lineage: bool = True,
         lineage_steps: int | None = None,
         lineage_sink: Callable[[LineageSegment], None] | None = None,
+        appended: Mapping[str, Sequence[tuple[int, int]]] | None = None,
     ) -> None:
         plan.validate()
         self.plan = plan
@@ -98,7 +101,9 @@ class PlannerState:
         self._rank_dp = {r: d for d, rs in enumerate(self.receivers) for r in rs}
 
         # the collaborators, built here and nowhere else
-        orders = source_orders(plan, listings)
+        orders = source_orders(plan, listings, appended)
+        self.identity = JobIdentity.of(plan, listings, appended)  # what its checkpoints record
+        self.resume = Resume()  # how it resumed from a checkpoint, if it did
         self.provisioner = Provisioner(orders, self.names, copy.deepcopy(plan.mixture),
                                        self.global_batch)  # a copy: stateful policies change
         self.chunks = ChunkTable(orders, job, width=max(plan.chunk_rows(n) for n in self.names))
@@ -172,20 +177,23 @@ class PlannerState:
         """The job's mixture (its own copy: a stateful policy's state is the job's)."""
         return self.provisioner.schedule
 
-    def checkpoint(self, step: int) -> Checkpoint:
-        """The checkpoint as of having consumed every step before ``step``."""
-        return take_checkpoint(self, step)
+    def checkpoint(self, step: int, *, with_listings: bool = False, light: bool = False) -> Checkpoint:
+        """The checkpoint as of having consumed every step before ``step`` (``with_listings``,
+        ``light``: see :func:`~mdata.planner.checkpoints.take_checkpoint`)."""
+        return take_checkpoint(self, step, with_listings=with_listings, light=light)
 
     @classmethod
     def from_checkpoint(
         cls, plan: Plan, listings: Mapping[str, Any], checkpoint: Checkpoint | Mapping[str, Any],
-        **kwargs: Any,
+        *, options: ResumeOptions | None = None, **kwargs: Any,
     ) -> "PlannerState":
-        """A fresh state that continues exactly where ``checkpoint`` left off."""
-        ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else Checkpoint.from_dict(checkpoint)
-        ckpt.check_plan(plan.fingerprint(), plan.source_names)  # before building anything
-        state = cls(plan, listings, **kwargs)
-        restore_checkpoint(state, ckpt)
+        """A fresh state that continues where ``checkpoint`` left off, under ``plan`` (which may
+        differ from the writer's in what :mod:`mdata.planner.resume` allows)."""
+        ckpt = as_checkpoint(checkpoint)
+        resume = plan_resume(ckpt, plan, listings, options or ResumeOptions())  # before building
+        state = cls(plan, listings, appended=resume.appended, **kwargs)
+        restore_checkpoint(state, ckpt, resume)
+        state.resume = resume
         return state
 
     # -- dispatch ------------------------------------------------------------------------------

@@ -35,6 +35,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from mdata.errors import MeshError, RankTakenError, TrainerError, TrainerTimeoutError
+from mdata.trainer.checkpoints import JobData, checkpoint_of, loader_state
 from mdata.trainer.storage_notice import StorageNotice
 from mdata.wire.messages import (
     AckRequest, AttachRequest, BatchLocation, BatchLocationRequest, DetachRequest, GetBatchRequest,
@@ -43,8 +44,6 @@ from mdata.wire.messages import (
 )
 
 __all__ = ["Loader", "submit_job", "default_device"]
-
-_LOADER_STATE_VERSION = 1
 
 
 def _connect(address_or_client, timeout: float, security=None):
@@ -64,38 +63,26 @@ def _connect(address_or_client, timeout: float, security=None):
     return client, True
 
 
-def submit_job(client, plan, *, job: str = "default", checkpoint: dict | None = None) -> dict:
-    """Register ``plan`` as ``job`` with the cluster's Planner (idempotent for the same plan).
+def submit_job(client, plan, *, job: str = "default", checkpoint: dict | None = None,
+               accept_appended_shards: bool = False, allow_mixture_change: bool = False) -> dict:
+    """Register ``plan`` as ``job`` with the cluster's Planner (idempotent for the same plan),
+    optionally resuming from ``checkpoint``: the plan's placement may differ from the writer's,
+    its data may not, except for shards appended to a source (``accept_appended_shards``); its
+    mixture only with ``allow_mixture_change`` (docs/concepts.md, "Checkpoint and resume").
 
     Returns the job's info: fingerprint, mesh, and the first step trainers will receive.
     """
-    return _register(client, plan, job=job, checkpoint=checkpoint_of(checkpoint)).to_msg()
+    return _register(client, plan, job=job, checkpoint=checkpoint_of(checkpoint),
+                     accept_appended_shards=accept_appended_shards,
+                     allow_mixture_change=allow_mixture_change).to_msg()
 
 
-def _register(client, plan, *, job: str, checkpoint: dict | None) -> JobInfo:
+def _register(client, plan, *, job: str, checkpoint: dict | None, **resume_options: bool) -> JobInfo:
     import mdata.wire.frames  # noqa: F401  the wire format must be known before batches arrive
 
     plan.validate_for_delivery()
-    return ask_sync(client, RegisterJobRequest(job=job, plan=pickle.dumps(plan), checkpoint=checkpoint))
-
-
-def checkpoint_of(state: dict | None) -> dict | None:
-    """The Planner checkpoint inside what :meth:`Loader.state_dict` returned (the one shape
-    ``Loader(checkpoint=...)`` and ``load_state_dict`` take); a bare checkpoint dict (as
-    ``JobHandle.checkpoint()`` returns) is taken as it is."""
-    if state is None:
-        return None
-    if not isinstance(state, dict):
-        raise TrainerError(f"a Loader checkpoint is the dict state_dict() returned, got {type(state).__name__}")
-    if "cursors" in state and "fingerprint" in state:
-        return state
-    if "checkpoint" not in state or "version" not in state:
-        raise TrainerError(
-            f"not a Loader state (keys {sorted(state)}): pass what Loader.state_dict() returned"
-        )
-    if state["version"] != _LOADER_STATE_VERSION:
-        raise TrainerError(f"unknown Loader state version {state['version']!r}")
-    return state["checkpoint"]
+    return ask_sync(client, RegisterJobRequest(job=job, plan=pickle.dumps(plan), checkpoint=checkpoint,
+                                               **resume_options))
 
 
 class _BatchMoved(Exception):
@@ -127,6 +114,8 @@ class Loader:
 
     Each item is a dict: ``step``, ``micro_batches`` (list of dicts of torch tensors: ``input_ids``,
     ``labels``, ``position_ids``, ``cu_seqlens``... as the rank's role requires), ``sample_ids``.
+    ``checkpoint`` resumes (under a plan whose mesh or batch may differ from the writer's);
+    ``accept_appended_shards`` and ``allow_mixture_change`` as for :func:`submit_job`.
     """
 
     def __init__(
@@ -143,6 +132,8 @@ class Loader:
         device=None,
         checkpoint: dict | None = None,
         security=None,
+        accept_appended_shards: bool = False,
+        allow_mixture_change: bool = False,
     ) -> None:
         import mdata.wire.frames  # noqa: F401
 
@@ -166,6 +157,10 @@ class Loader:
         self.broadcast_source: int | None = None
         self._delivery = None  # what the constructor sends this rank (mdata.mesh.Delivery)
         self._restore: dict | None = checkpoint_of(checkpoint)
+        # what a resume may accept (mdata.planner.resume); the job's data, learnt on attach
+        self._resume_options = {"accept_appended_shards": bool(accept_appended_shards),
+                                "allow_mixture_change": bool(allow_mixture_change)}
+        self._data = JobData()
         self._next_step = 0
         self._consumed_checkpoint: dict | None = self._restore
         self._token = uuid.uuid4().hex  # this Loader's lease on its rank
@@ -184,12 +179,14 @@ class Loader:
         job runs (it rewinds it; every rank must bring the same step)."""
         if self.info is None:
             if self.plan is not None:
-                info = _register(self.client, self.plan, job=self.job, checkpoint=self._restore)
+                info = _register(self.client, self.plan, job=self.job, checkpoint=self._restore,
+                                 **self._resume_options)
             else:
                 info = self._wait_for_job(self.job)
             self._validate_mesh(info)
             lease = self._lease()
             self._generation = lease.generation
+            self._data = JobData(lease.job_data)
             self._next_step = lease.start_step
             self.info = {**info.to_msg(), "start_step": lease.start_step}
             mesh = info.mesh.place_tree()
@@ -205,7 +202,7 @@ class Loader:
         seconds to leave before the claim fails naming both Loaders."""
         request = AttachRequest(job=self.job, rank=self.rank, client=str(self.client.id),
                                 token=self._token, host=socket.gethostname(), pid=os.getpid(),
-                                checkpoint=self._restore)
+                                checkpoint=self._restore, **self._resume_options)
         deadline = time.monotonic() + min(self.timeout, 10.0)
         while True:
             try:
@@ -369,14 +366,10 @@ class Loader:
 
     # -- checkpointing ---------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """What this rank consumed: restore it with ``load_state_dict`` or ``Loader(checkpoint=...)``."""
-        return {
-            "version": _LOADER_STATE_VERSION,
-            "job": self.job,
-            "rank": self.rank,
-            "next_step": self._next_step,
-            "checkpoint": self._consumed_checkpoint,
-        }
+        """What this rank consumed: restore it with ``load_state_dict`` or ``Loader(checkpoint=...)``
+        (on a mesh of another shape too; docs/concepts.md, "Checkpoint and resume")."""
+        return loader_state(self.job, self.rank, self._next_step, self._consumed_checkpoint,
+                            self._data)
 
     def load_state_dict(self, state: dict) -> None:
         """Resume from ``state_dict()`` (the same object ``Loader(checkpoint=...)`` takes); call

@@ -15,12 +15,14 @@ from typing import Any
 from mdata.checkpoint import Checkpoint
 from mdata.errors import CheckpointError
 from mdata.mesh import ClientPlaceTree
-from mdata.wire.codec import Handler, Message, Reader, Request, Status, check_dict, check_str
+from mdata.wire.codec import (
+    Handler, Message, Reader, Request, Status, check_bool, check_dict, check_str,
+)
 
 __all__ = [
     "OkReply", "RegisterJobRequest", "JobInfoRequest", "JobInfo", "MeshShape", "JobsRequest",
     "JobsReply", "CloseJobRequest", "CheckpointRequest", "CheckpointReply", "JobRequest",
-    "read_checkpoint",
+    "read_checkpoint", "resume_flags_msg", "read_resume_flags",
 ]
 
 
@@ -39,6 +41,18 @@ class OkReply(Message):
         if status is not Status.OK:
             raise r.fail("status", f"must be {Status.OK.value!r}, got {status.value!r}")
         return cls()
+
+
+def resume_flags_msg(request: Any) -> dict[str, bool]:
+    """The resume options a request carries (register, attach), as message fields."""
+    return {"accept_appended_shards": bool(request.accept_appended_shards),
+            "allow_mixture_change": bool(request.allow_mixture_change)}
+
+
+def read_resume_flags(r: Reader) -> dict[str, bool]:
+    """The resume options of a request; absent ones are False (older senders)."""
+    return {name: check_bool(r.raw(name, False), r, name)
+            for name in ("accept_appended_shards", "allow_mixture_change")}
 
 
 def read_checkpoint(value: Any, r: Reader, name: str) -> Checkpoint:
@@ -109,6 +123,8 @@ class RegisterJobRequest(Request):
     ``checkpoint`` (a ``Checkpoint.to_dict()``; the Planner checks it and raises CheckpointError).
 
     ``plan`` is the pickled :class:`~mdata.plan.Plan`, as it has always travelled.
+    ``accept_appended_shards`` / ``allow_mixture_change``: what the resume from ``checkpoint``
+    may accept beyond the data and mixture it was written with (see mdata.planner.resume).
     """
 
     handler = Handler.REGISTER_JOB
@@ -117,15 +133,19 @@ class RegisterJobRequest(Request):
     job: str
     plan: bytes
     checkpoint: Mapping[str, Any] | None = None
+    accept_appended_shards: bool = False
+    allow_mixture_change: bool = False
 
     def to_msg(self) -> dict[str, Any]:
         return {"job": self.job, "plan": bytes(self.plan),
-                "checkpoint": None if self.checkpoint is None else dict(self.checkpoint)}
+                "checkpoint": None if self.checkpoint is None else dict(self.checkpoint),
+                **resume_flags_msg(self)}
 
     @classmethod
     def from_msg(cls, msg: Any) -> "RegisterJobRequest":
         r = Reader(cls.__name__, msg)
-        out = cls(r.str("job"), r.bytes("plan"), r.optional("checkpoint", check_dict))
+        out = cls(r.str("job"), r.bytes("plan"), r.optional("checkpoint", check_dict),
+                  **read_resume_flags(r))
         r.done()
         return out
 

@@ -14,25 +14,31 @@ from dataclasses import dataclass
 from typing import Any
 
 from mdata.wire.codec import Handler, Message, Reader, Request, check_dict
-from mdata.wire.jobs import OkReply
+from mdata.wire.jobs import OkReply, read_resume_flags, resume_flags_msg
 
 __all__ = ["AttachRequest", "AttachReply", "DetachRequest"]
 
 
 @dataclass(frozen=True)
 class AttachReply(Message):
-    """The generation of the job the Loader joined and the first step it receives."""
+    """The generation of the job the Loader joined and the first step it receives.
+
+    ``job_data`` is what every checkpoint of the job shares (``identity``, ``data``,
+    ``schedule``, ``listings``; see mdata.checkpoint): the checkpoints that travel with batches
+    leave it out to stay small, and the Loader adds it to the ones it hands out."""
 
     generation: int
     start_step: int
+    job_data: Mapping[str, Any] | None = None
 
     def to_msg(self) -> dict[str, Any]:
-        return {"generation": self.generation, "start_step": self.start_step}
+        return {"generation": self.generation, "start_step": self.start_step,
+                "job_data": None if self.job_data is None else dict(self.job_data)}
 
     @classmethod
     def from_msg(cls, msg: Any) -> "AttachReply":
         r = Reader(cls.__name__, msg)
-        out = cls(r.int("generation"), r.int("start_step"))
+        out = cls(r.int("generation"), r.int("start_step"), r.optional("job_data", check_dict))
         r.done()
         return out
 
@@ -40,7 +46,8 @@ class AttachReply(Message):
 @dataclass(frozen=True)
 class AttachRequest(Request):
     """Lease ``rank`` of ``job`` to this Loader; ``checkpoint`` (a ``Checkpoint.to_dict()``):
-    resume from it, rewinding the job if it runs elsewhere (see mdata.planner.roster)."""
+    resume from it, rewinding the job if it runs elsewhere (see mdata.planner.roster), with the
+    resume options ``accept_appended_shards`` / ``allow_mixture_change``."""
 
     handler = Handler.ATTACH
     reply = AttachReply
@@ -52,17 +59,20 @@ class AttachRequest(Request):
     host: str
     pid: int
     checkpoint: Mapping[str, Any] | None = None
+    accept_appended_shards: bool = False
+    allow_mixture_change: bool = False
 
     def to_msg(self) -> dict[str, Any]:
         return {"job": self.job, "rank": self.rank, "client": self.client, "token": self.token,
                 "host": self.host, "pid": self.pid,
-                "checkpoint": None if self.checkpoint is None else dict(self.checkpoint)}
+                "checkpoint": None if self.checkpoint is None else dict(self.checkpoint),
+                **resume_flags_msg(self)}
 
     @classmethod
     def from_msg(cls, msg: Any) -> "AttachRequest":
         r = Reader(cls.__name__, msg)
         out = cls(r.str("job"), r.int("rank"), r.str("client"), r.str("token"), r.str("host"),
-                  r.int("pid"), r.optional("checkpoint", check_dict))
+                  r.int("pid"), r.optional("checkpoint", check_dict), **read_resume_flags(r))
         r.done()
         return out
 

@@ -4,7 +4,8 @@
 waits on their progress (read from their logs) and returns what each rank trained on
 (:meth:`TrainerGroup.received`, merged by :func:`fault_sequences.merge_incarnations`).
 :func:`uninterrupted_run` runs a plan once without faults; :func:`reference` caches that per plan
-fingerprint (which leaves out storage URLs, so a local and an S3 copy of a corpus share it).
+fingerprint (which includes the sources' URLs: a local and an S3 copy of a corpus deliver the
+same sequence, which the S3 tests check against the local reference, but are two plans).
 
 Every wait is bounded and raises :class:`~fault_procs.HarnessError` with the trainers' last words.
 """
@@ -249,8 +250,8 @@ _REFERENCES: dict[tuple[str, int], dict[int, list[Received]]] = {}
 def reference(address: str, plan, workdir: Path, *, end_step: int) -> dict[int, list[Received]]:
     """The uninterrupted sequence of ``plan`` for ``end_step`` steps, run once per test session.
 
-    Keyed by the plan's fingerprint, which covers everything that decides who receives what and
-    leaves out where the shards are stored."""
+    Keyed by the plan's fingerprint, which covers everything that decides who receives what
+    (and where the shards are stored)."""
     key = (plan.fingerprint(), end_step)
     if key not in _REFERENCES:
         job = f"reference-{key[0][:8]}-{end_step}"

@@ -94,7 +94,7 @@ def test_s3_server_comes_back_with_its_data_and_serves_the_reference(chaos_clust
                                                                      s3_corpus, reference_run,
                                                                      example_corpus, tmp_path):
     """The harness's S3 server: a run reading the corpus from it receives the reference sequence
-    (the fingerprint leaves out storage), and after kill -9 and a restart on the same port and
+    (the same sequence from another storage), and after kill -9 and a restart on the same port and
     folder it serves the same bytes again. The storage-outage tests rest on both."""
     server, url = s3_corpus
     plan = chaos_plan(s3_sources)

@@ -73,6 +73,8 @@ MESSAGES = [
     m.OkReply(),
     m.RegisterJobRequest(job="pretrain", plan=b"\x80\x04pickled plan", checkpoint=checkpoint().to_dict()),
     m.RegisterJobRequest(job="pretrain", plan=b"\x80\x04pickled plan"),
+    m.RegisterJobRequest(job="pretrain", plan=b"\x80\x04pickled plan", checkpoint=checkpoint().to_dict(),
+                         accept_appended_shards=True, allow_mixture_change=False),
     m.JobInfoRequest("pretrain"),
     INFO,
     m.JobInfo(job="pretrain", fingerprint="f00d", start_step=0, broadcast=None,
@@ -98,6 +100,12 @@ MESSAGES = [
     m.AttachRequest(job="pretrain", rank=3, client="Client-1", token="t0k", host="node7", pid=42,
                     checkpoint=None),
     m.AttachReply(generation=1, start_step=60),
+    m.AttachReply(generation=1, start_step=60, job_data={
+        "identity": "d00d", "data": {"seed": 7}, "schedule": {"class": "StaticMixture"},
+        "listings": {"chat": [["part-0.parquet", 100], ["part-1.parquet", 7]]}}),
+    m.AttachRequest(job="pretrain", rank=3, client="Client-1", token="t0k", host="node7", pid=42,
+                    checkpoint=checkpoint().to_dict(), accept_appended_shards=True,
+                    allow_mixture_change=True),
     m.DetachRequest(job="pretrain", rank=3, token="t0k"),
     m.ReportMetricsRequest(job="pretrain", rank=0, step=1, metrics={"loss/chat": 2.5}),
     m.WhoHasRequest(keys=(("mdata-load", "job", "chat", 0, 256),)),
@@ -312,3 +320,14 @@ def test_serve_and_ask_speak_through_a_real_dask_server():
     reply, plain = asyncio.run(main())
     assert reply == STATUS and seen == [m.StatusRequest("pretrain")] * 2
     assert plain["counters"]["consumed_step"] == 4
+
+
+def test_resume_options_are_false_when_a_sender_leaves_them_out():
+    register = m.RegisterJobRequest(job="j", plan=b"p").to_msg()
+    attach = m.AttachRequest(job="j", rank=0, client="c", token="t", host="h", pid=1).to_msg()
+    for msg in (register, attach):
+        del msg["accept_appended_shards"], msg["allow_mixture_change"]
+    assert m.RegisterJobRequest.from_msg(register) == m.RegisterJobRequest(job="j", plan=b"p")
+    assert not m.AttachRequest.from_msg(attach).allow_mixture_change
+    with pytest.raises(MessageError, match=r"'allow_mixture_change' must be true or false"):
+        m.AttachRequest.from_msg({**attach, "allow_mixture_change": "yes"})
