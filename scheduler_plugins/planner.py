@@ -31,6 +31,7 @@ from mdata.wire import messages as msg
 from scheduler_plugins.dashboard.pages import register_pages
 from scheduler_plugins.dashboard.routes import register_routes
 from scheduler_plugins.job_runtime import JobRuntime, pool_resource
+from scheduler_plugins.standbys import StandbyKeeper
 from workers.loader import as_key
 from workers.plugin import PLUGIN_NAME, MdataWorkerPlugin
 
@@ -68,11 +69,15 @@ class PlannerPlugin(SchedulerPlugin):
         self._client_lock: asyncio.Lock | None = None
         self._periodic: PeriodicCallback | None = None
         self._handlers: dict[str, Any] = {}  # handler name -> the function Dask calls
+        self.standbys: StandbyKeeper | None = None  # the pools' warm standbys (scheduler_plugins.standbys)
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self, scheduler) -> None:
         self.scheduler = scheduler
         self._client_lock = asyncio.Lock()
+        self.standbys = StandbyKeeper(scheduler, self.client)
+        for address in list(scheduler.workers):  # workers that registered before the Planner
+            self.standbys.worker_added(address)
         self._register_lock = asyncio.Lock()  # Loaders of every rank may register at once
         served = {
             msg.RegisterJobRequest: self.register_job,
@@ -102,6 +107,8 @@ class PlannerPlugin(SchedulerPlugin):
     async def close(self) -> None:
         if self._periodic is not None:
             self._periodic.stop()
+        if self.standbys is not None:
+            self.standbys.close()
         for job in list(self.jobs.values()):
             await job.close()
         self.jobs.clear()
@@ -113,7 +120,15 @@ class PlannerPlugin(SchedulerPlugin):
             await self._client.close()
             self._client = None
 
+    def add_worker(self, scheduler, worker: str) -> None:
+        # synchronous on purpose: a returning loader that becomes a standby must lose its pool
+        # resources before Dask schedules anything on it (see scheduler_plugins.standbys)
+        if self.standbys is not None:
+            self.standbys.worker_added(worker)
+
     def remove_worker(self, scheduler, worker: str, **kwargs) -> None:
+        if self.standbys is not None:  # first: a standby takes over the dead loader's chunks
+            self.standbys.worker_removed(worker)
         for job in self.jobs.values():
             job.worker_lost(worker)
 
@@ -183,6 +198,7 @@ class PlannerPlugin(SchedulerPlugin):
             state = ps.PlannerState(plan_obj, listings, job=job, lineage_steps=lineage_steps)
         runtime = JobRuntime(self.scheduler, client, job, plan_obj, state, listings, lineage_steps)
         self.jobs[job] = runtime
+        self.standbys.job_registered(plan_obj)  # the pools' standbys open the job's sources
         await runtime.tick()
         logger.info("mdata job %s registered: %s", job, plan_obj)
         return self._job_info(runtime)

@@ -10,9 +10,10 @@ from __future__ import annotations
 from distributed.diagnostics.plugin import WorkerPlugin
 
 import mdata.wire.frames  # noqa: F401  registers the batch wire format on this worker
-from mdata.wire.messages import GetBatchRequest, TakeRowsRequest, serve
+from mdata.wire.messages import GetBatchRequest, SetRoleRequest, TakeRowsRequest, serve
 from workers.constructor import make_get_batch_handler
 from workers.loader import make_take_rows_handler
+from workers.standby import make_set_role_handler
 
 PLUGIN_NAME = "mdata-worker"
 
@@ -26,7 +27,8 @@ class MdataWorkerPlugin(WorkerPlugin):
     def setup(self, worker) -> None:
         worker.handlers[TakeRowsRequest.handler.value] = serve(TakeRowsRequest, make_take_rows_handler(worker))
         worker.handlers[GetBatchRequest.handler.value] = serve(GetBatchRequest, make_get_batch_handler(worker))
+        worker.handlers[SetRoleRequest.handler.value] = serve(SetRoleRequest, make_set_role_handler(worker))
 
     def teardown(self, worker) -> None:
-        for request in (TakeRowsRequest, GetBatchRequest):
+        for request in (TakeRowsRequest, GetBatchRequest, SetRoleRequest):
             worker.handlers.pop(request.handler.value, None)

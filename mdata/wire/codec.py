@@ -49,13 +49,14 @@ class Handler(str, enum.Enum):
     # workers: loaders serve rows, constructors serve batches
     TAKE_ROWS = "mdata_take_rows"
     GET_BATCH = "mdata_get_batch"
+    SET_ROLE = "mdata_set_role"  # loader pools: promote a standby, demote a returning loader
 
     def __str__(self) -> str:
         return self.value
 
 
-SCHEDULER_HANDLERS = tuple(h for h in Handler if h not in (Handler.TAKE_ROWS, Handler.GET_BATCH))
-WORKER_HANDLERS = (Handler.TAKE_ROWS, Handler.GET_BATCH)
+WORKER_HANDLERS = (Handler.TAKE_ROWS, Handler.GET_BATCH, Handler.SET_ROLE)
+SCHEDULER_HANDLERS = tuple(h for h in Handler if h not in WORKER_HANDLERS)
 
 
 class Status(str, enum.Enum):

@@ -17,10 +17,11 @@ handler (:class:`Handler`)  request                    reply
 ``mdata_close_job``         CloseJobRequest            OkReply
 ``mdata_take_rows``         TakeRowsRequest            TakeRowsReply (OK/missing), on loaders
 ``mdata_get_batch``         GetBatchRequest            GetBatchReply (OK/missing), on constructors
+``mdata_set_role``          SetRoleRequest             SetRoleReply (resources), on pool workers
 (construct task argument)   ConstructSpec              the task's result stays on the worker
 ==========================  =========================  ==========================================
 
-The first twelve are served by the Planner on the scheduler, the last two by mdata's worker
+The first twelve are served by the Planner on the scheduler, the last three by mdata's worker
 plugin. A request's ``to_msg()`` is the handler's keyword arguments, so the handlers still answer
 plain calls (``client.scheduler.mdata_status(job=...)`` in a notebook) with the same data as ever.
 
@@ -50,6 +51,7 @@ from mdata.wire.inspection import (
     ExactlyOnce, LineageReply, LineageRequest, PoolTargetInfo, StatusCounters, StatusReply,
     StatusRequest, StoryOccurrence, StoryReply, StoryRequest,
 )
+from mdata.wire.pools import SetRoleReply, SetRoleRequest
 from mdata.wire.trainers import AttachReply, AttachRequest, DetachRequest
 from mdata.wire.jobs import (
     CheckpointReply, CheckpointRequest, CloseJobRequest, JobInfo, JobInfoRequest, JobsReply,
@@ -73,6 +75,8 @@ __all__ = [
     "AttachRequest", "AttachReply", "DetachRequest",
     # construct
     "WhoHasRequest", "WhoHasReply", "TakeRowsRequest", "TakeRowsReply", "ChunkPull", "ConstructSpec",
+    # loader pools' roles (standbys)
+    "SetRoleRequest", "SetRoleReply",
 ]
 
 R = TypeVar("R", bound=Request)
@@ -84,7 +88,7 @@ CATALOGUE: dict[Handler, type[Request]] = {
         RegisterJobRequest, JobInfoRequest, JobsRequest, BatchLocationRequest, AckRequest,
         ReportMetricsRequest, CheckpointRequest, StatusRequest, StoryRequest, LineageRequest,
         WhoHasRequest, CloseJobRequest, TakeRowsRequest, GetBatchRequest, AttachRequest,
-        DetachRequest,
+        DetachRequest, SetRoleRequest,
     )
 }
 if set(CATALOGUE) != set(Handler):  # pragma: no cover - a handler added without its request class

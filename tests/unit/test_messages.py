@@ -101,6 +101,8 @@ MESSAGES = [
     m.GetBatchRequest(key=("mdata-construct", "job", 3, 1), cp_rank=1, receives_tokens=True,
                       receives_labels=False),
     m.GetBatchReply(m.Status.MISSING, key=("mdata-construct", "job", 3, 1)),
+    m.SetRoleRequest(role="loader", resources={"pool_chat": 2.0}, drop=("standby_chat",)),
+    m.SetRoleReply(resources={"pool_chat": 2.0, "standby_chat": 0.0}),
 ]
 
 
@@ -119,7 +121,7 @@ def test_the_catalogue_names_every_handler_once_with_its_reply():
         "mdata_register_job", "mdata_batch_location", "mdata_ack", "mdata_report_metrics",
         "mdata_checkpoint", "mdata_story", "mdata_lineage", "mdata_status", "mdata_jobs",
         "mdata_job_info", "mdata_who_has", "mdata_close_job", "mdata_take_rows", "mdata_get_batch",
-        "mdata_attach", "mdata_detach",
+        "mdata_attach", "mdata_detach", "mdata_set_role",
     }
     for handler, request in m.CATALOGUE.items():
         assert request.handler is handler and issubclass(request.reply, m.Message)
