@@ -25,6 +25,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from distributed.core import Status
+
 from mdata.standbys import Role, RoleChange, StandbyBook, Warm
 from mdata.wire.messages import SetRoleRequest, ask
 
@@ -53,6 +55,8 @@ class StandbyKeeper:
         self._carry_out(self.book.added(address, dict(ws.resources)))
 
     def worker_removed(self, address: str) -> None:
+        if self.scheduler.status in (Status.closing, Status.closed):
+            return  # the cluster is shutting down: nobody replaces anybody
         for task in self._warming.pop(address, ()):  # pinned to a dead worker, it would wait forever
             task.cancel()
         self._carry_out(self.book.removed(address, expected=_retired(self.scheduler, address)))
