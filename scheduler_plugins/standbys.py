@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -43,7 +44,8 @@ class StandbyKeeper:
         self.client = client  # the Planner's own asynchronous client (for warm tasks)
         self.book = StandbyBook()
         self.sources: dict[str, Any] = {}  # source name -> Source, from registered jobs
-        self.promotions: list[dict[str, Any]] = []  # when, who replaced whom (logs, tests)
+        # when, who replaced whom, how long the promotion took (logs, tests): the recent ones
+        self.promotions: deque[dict[str, Any]] = deque(maxlen=1000)
         self._warming: dict[str, set[asyncio.Task]] = {}  # address -> warming under way
         self._tasks: set[asyncio.Task] = set()
 
