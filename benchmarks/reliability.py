@@ -5,7 +5,8 @@
   stand-in for compute and meet every step. Before step ``kill_at`` the loader is killed with
   SIGKILL while it holds chunks the next steps need. The stall is the extra time the ranks then
   spend blocked on their next batch, over the rest of the run, compared with an uninterrupted run
-  of the same plan on the same cluster (the slower rank counts). Median of ``runs`` kills. Each
+  of the same plan just before, on the same cluster (the slower rank counts). The two
+  configurations run on two clusters side by side and take turns, so both see the same load. Median of ``runs`` kills. Each
   also reports ``reload_s`` (from the kill until every chunk the loader held is in memory again,
   or released), and ``samples_lost`` and ``samples_repeated`` (sample ids and token hashes
   against the uninterrupted run, over every run): both must be 0.
@@ -24,6 +25,7 @@ import statistics
 import threading
 import time
 from collections import Counter
+from contextlib import ExitStack
 from typing import Any
 
 __all__ = ["run", "loader_kill_stall"]
@@ -63,37 +65,50 @@ def loader_kill_stall(*, runs: int = 3, steps: int = 12, step_s: float = 0.5, ki
     sources = [s for s in example_sources(corpus) if isinstance(s.transform, TokenizeText)][:3]
     plan = _plan(sources)
     logging.getLogger("distributed").setLevel(logging.ERROR)
-    out: dict[str, dict[str, Any]] = {}
-    for name, standbys in (("standby", 1), ("no_standby", 0)):
-        pools = [PoolSpec("text", tuple(s.name for s in sources), workers=1, threads=2,
-                          standbys=standbys)]
-        stalls, lost, repeated, worst, reloads = [], 0, 0, [], []
-        # SpecCluster closes a nanny whose worker is missing from the scheduler for this long after
-        # a removal: with kills a few seconds apart, it would close one restarting after the next
-        with dask.config.set({"distributed.deploy.lost-worker-timeout": "1 hour"}), \
-                start_cluster(sources, pools=pools, constructors=1, constructor_threads=2,
-                              dashboard_address=None) as cluster, cluster.client() as client:
-            client.wait_for_workers(2 + standbys, timeout=120)
-            submit_job(client, plan, job="reference")
-            reference = _drive(client, "reference", steps, step_s)
-            client.sync(client.scheduler.mdata_close_job, job="reference")  # nothing of it reloads
-            for i in range(runs):
+    configs = {"standby": 1, "no_standby": 0}
+    stalls: dict[str, list] = {n: [] for n in configs}
+    worst: dict[str, list] = {n: [] for n in configs}
+    reloads: dict[str, list] = {n: [] for n in configs}
+    lost = dict.fromkeys(configs, 0)
+    repeated = dict.fromkeys(configs, 0)
+    # SpecCluster closes a nanny whose worker is missing from the scheduler for this long after a
+    # removal: with kills a few seconds apart, it would close one restarting after the next
+    with dask.config.set({"distributed.deploy.lost-worker-timeout": "1 hour"}), ExitStack() as stack:
+        clients = {}
+        for name, standbys in configs.items():
+            pools = [PoolSpec("text", tuple(s.name for s in sources), workers=1, threads=2,
+                              standbys=standbys)]
+            cluster = stack.enter_context(start_cluster(
+                sources, pools=pools, constructors=1, constructor_threads=2, dashboard_address=None))
+            clients[name] = stack.enter_context(cluster.client())
+            clients[name].wait_for_workers(2 + standbys, timeout=120)
+        # the configurations take turns, so both see the same load on a shared machine; each
+        # kill is compared with an uninterrupted run just before it on the same cluster
+        for i in range(runs):
+            for name, standbys in configs.items():
+                client = clients[name]
+                submit_job(client, plan, job=f"reference-{i}")
+                reference = _drive(client, f"reference-{i}", steps, step_s)
+                client.sync(client.scheduler.mdata_close_job, job=f"reference-{i}")
                 job = f"kill-{i}"
                 submit_job(client, plan, job=job)
                 _wait_for_standbys(client, standbys)
                 got = _drive(client, job, steps, step_s, kill_at=kill_at)
-                stalls.append(_stall(got, reference, kill_at))
-                reloads.append(got["killed"].get("reload_s", float("nan")))
-                worst.append(max(max(w for _, _, _, w in got["ranks"][r][kill_at:]) for r in got["ranks"]))
+                stalls[name].append(_stall(got, reference, kill_at))
+                reloads[name].append(got["killed"].get("reload_s", float("nan")))
+                worst[name].append(max(max(w for *_, w in got["ranks"][r][kill_at:]) for r in got["ranks"]))
                 lo, rep = _lost_and_repeated(got, reference)
-                lost, repeated = lost + lo, repeated + rep
+                lost[name] += lo
+                repeated[name] += rep
                 client.sync(client.scheduler.mdata_close_job, job=job)
                 client.wait_for_workers(2 + standbys, timeout=120)  # the nanny restarted it
+    out: dict[str, dict[str, Any]] = {}
+    for name, standbys in configs.items():
         out[name] = {
-            "mdata": statistics.median(stalls), "unit": "s", "runs": stalls,
-            "worst_wait_s": statistics.median(worst), "reload_s": statistics.median(reloads),
-            "step_s": step_s,
-            "samples_lost": lost, "samples_repeated": repeated,
+            "mdata": statistics.median(stalls[name]), "unit": "s", "runs": stalls[name],
+            "worst_wait_s": statistics.median(worst[name]),
+            "reload_s": statistics.median(reloads[name]), "step_s": step_s,
+            "samples_lost": lost[name], "samples_repeated": repeated[name],
             "goal": "about one step or less" if standbys else "", "note": f"median of {runs} kill -9",
         }
     return out
