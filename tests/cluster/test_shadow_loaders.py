@@ -23,7 +23,10 @@ pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 STEPS = 8
 KILL_AT = 3  # the loader dies once steps 0..2 are consumed, before step 3 is asked for
 STEP_S = 0.5  # each rank's stand-in for a training step
-SLACK_S = 1.0  # this machine's noise (2 shared cores); the figures are in benchmarks/reliability.py
+# Noise of a machine whose 2 cores are shared with other work: reloading the lost chunks is CPU
+# work. What tells a warm takeover from a cold start is checked exactly below (no listing or
+# shard opened again); the figures with and without a standby are benchmarks/reliability.py's.
+SLACK_S = 1.5
 
 
 @pytest.fixture(scope="module")
