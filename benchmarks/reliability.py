@@ -63,7 +63,7 @@ def loader_kill_stall(*, runs: int = 3, steps: int = 12, step_s: float = 0.5, ki
 
         corpus = corpus_dir()
     sources = [s for s in example_sources(corpus) if isinstance(s.transform, TokenizeText)][:3]
-    plan = _plan(sources)
+    plan = _text_plan(sources)
     logging.getLogger("distributed").setLevel(logging.ERROR)
     configs = {"standby": 1, "no_standby": 0}
     stalls: dict[str, list] = {n: [] for n in configs}
@@ -88,12 +88,12 @@ def loader_kill_stall(*, runs: int = 3, steps: int = 12, step_s: float = 0.5, ki
             for name, standbys in configs.items():
                 client = clients[name]
                 submit_job(client, plan, job=f"reference-{i}")
-                reference = _drive(client, f"reference-{i}", steps, step_s)
+                reference = _drive_in_lockstep(client, f"reference-{i}", steps, step_s)
                 client.sync(client.scheduler.mdata_close_job, job=f"reference-{i}")
                 job = f"kill-{i}"
                 submit_job(client, plan, job=job)
                 _wait_for_standbys(client, standbys)
-                got = _drive(client, job, steps, step_s, kill_at=kill_at)
+                got = _drive_in_lockstep(client, job, steps, step_s, kill_at=kill_at)
                 stalls[name].append(_stall(got, reference, kill_at))
                 reloads[name].append(got["killed"].get("reload_s", float("nan")))
                 worst[name].append(max(max(w for *_, w in got["ranks"][r][kill_at:]) for r in got["ranks"]))
@@ -114,7 +114,7 @@ def loader_kill_stall(*, runs: int = 3, steps: int = 12, step_s: float = 0.5, ki
     return out
 
 
-def _plan(sources):
+def _text_plan(sources):
     from mdata.cost import AttentionCost
     from mdata.mesh import ClientPlaceTree
     from mdata.plan import Plan
@@ -124,14 +124,14 @@ def _plan(sources):
             .distribute(ClientPlaceTree(dp=2)).seed(3).window(2))
 
 
-def _received(batch) -> tuple[list, str]:
+def _batch_digest(batch) -> tuple[list, str]:
     digest = hashlib.sha1()
     for mb in batch["micro_batches"]:
         digest.update(mb["input_ids"].numpy().tobytes())
     return batch["sample_ids"].tolist(), digest.hexdigest()
 
 
-def _loaders(client) -> list[str]:
+def _pool_loaders(client) -> list[str]:
     return [a for a, w in client.scheduler_info()["workers"].items()
             if any(r.startswith("pool_") and n > 0 for r, n in w.get("resources", {}).items())]
 
@@ -143,7 +143,7 @@ def _wait_for_standbys(client, count: int, timeout: float = 120.0) -> None:
         return sum(1 for w in book.values() if w["role"] == "standby" and w["warm"])
 
     deadline = time.monotonic() + timeout
-    while (count and client.run_on_scheduler(warm) < count) or len(_loaders(client)) != 1:
+    while (count and client.run_on_scheduler(warm) < count) or len(_pool_loaders(client)) != 1:
         if time.monotonic() > deadline:
             raise TimeoutError(f"{count} warm standby(s) not ready within {timeout:.0f}s")
         time.sleep(0.1)
@@ -152,7 +152,7 @@ def _wait_for_standbys(client, count: int, timeout: float = 120.0) -> None:
 def kill_loader(client, job: str, killed: dict[str, Any]) -> None:
     """SIGKILL the pool's loader while it holds chunks of ``job``; ``killed`` receives who it
     was, what it held, and (from a watcher thread) ``reload_s``."""
-    (loader,) = _loaders(client)
+    (loader,) = _pool_loaders(client)
 
     def held(dask_worker):
         return [k for k in dask_worker.data.keys()
@@ -184,7 +184,7 @@ def _watch_reload(client, keys: list, into: dict, timeout: float = 120.0) -> Non
         time.sleep(0.05)
 
 
-def _drive(client, job: str, steps: int, step_s: float, *, kill_at: int | None = None) -> dict:
+def _drive_in_lockstep(client, job: str, steps: int, step_s: float, *, kill_at: int | None = None) -> dict:
     """Two ranks in threads, in lockstep like a training loop's collective; kill before
     ``kill_at``. Per rank and step: (step, sample ids, token hash, seconds blocked)."""
     from mdata.trainer import Loader
@@ -209,7 +209,7 @@ def _drive(client, job: str, steps: int, step_s: float, *, kill_at: int | None =
                     began = time.perf_counter()
                     batch = next(it)
                     waited = time.perf_counter() - began
-                    ranks[rank].append((batch["step"], *_received(batch), waited))
+                    ranks[rank].append((batch["step"], *_batch_digest(batch), waited))
                     time.sleep(step_s)  # the training step
                     barrier.wait(timeout=300)
                 loader.mark_consumed()
