@@ -10,6 +10,8 @@ uninterrupted run of the same plan on the same cluster:
   uninterrupted run, summed), with ``samples_lost`` and ``samples_repeated`` (must be 0);
 * ``reliability.live_resume_ok``: ranks that ran ahead restart from an earlier checkpoint on the
   live cluster; 1 when they then receive exactly the uninterrupted run's steps;
+* ``reliability.loader_kill_stall_s.standby`` / ``.no_standby``: a loader holding chunks upcoming
+  steps need is killed, with and without a warm standby (:mod:`benchmarks.reliability_loader`);
 * ``reliability.storage_outage_recovery_s``: from the S3 server coming back to the next step
   every rank received (:mod:`benchmarks.reliability_storage`), with samples lost and repeated.
 
@@ -26,6 +28,7 @@ import time
 from collections import Counter
 
 from benchmarks.harness import figure
+from benchmarks.reliability_loader import loader_kill_stall
 from benchmarks.reliability_storage import storage_outage_recovery
 from benchmarks.workload import corpus_dir
 from mdata.cost import AttentionCost
@@ -153,4 +156,11 @@ def run(quick: bool = False) -> dict:
         goal="training goes on within seconds of storage returning",
         note=f"median of {repeats} outage(s) of 3 s; S3 (moto) stopped and restarted mid-run")
     figures.update(outage)
+    for name, f in loader_kill_stall(runs=repeats if quick else 3, steps=10 if quick else 16,
+                                     step_s=0.5).items():
+        key = f"reliability.loader_kill_stall_s.{name}"
+        figures[key] = figure(f["mdata"], unit="s", goal=f["goal"],
+                              note=f"{f['note']}; step {f['step_s']}s; runs {[round(x, 3) for x in f['runs']]}")
+        for extra in ("samples_lost", "samples_repeated", "reload_s", "worst_wait_s"):
+            figures[f"{key}.{extra}"] = f[extra]
     return figures

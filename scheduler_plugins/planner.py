@@ -35,6 +35,7 @@ from scheduler_plugins.dashboard.pages import register_pages
 from scheduler_plugins.dashboard.routes import register_routes
 from scheduler_plugins.job_runtime import JobRuntime, pool_resource
 from scheduler_plugins.storage_poll import StoragePoller
+from scheduler_plugins.standbys import StandbyKeeper
 from workers.loader import as_key
 from workers.plugin import PLUGIN_NAME, MdataWorkerPlugin
 
@@ -92,11 +93,15 @@ class PlannerPlugin(SchedulerPlugin):
         self._handlers: dict[str, Any] = {}  # handler name -> the function Dask calls
         self.storage_poll_s = config.seconds("planner.storage-poll-interval")
         self.storage: StoragePoller | None = None  # which sources wait on storage (storage_poll)
+        self.standbys: StandbyKeeper | None = None  # the pools' warm standbys (scheduler_plugins.standbys)
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self, scheduler) -> None:
         self.scheduler = scheduler
         self._client_lock = asyncio.Lock()
+        self.standbys = StandbyKeeper(scheduler, self.client)
+        for address in list(scheduler.workers):  # workers that registered before the Planner
+            self.standbys.worker_added(address)
         self._register_lock = asyncio.Lock()  # Loaders of every rank may register at once
         served = {
             msg.RegisterJobRequest: self.register_job,
@@ -129,6 +134,8 @@ class PlannerPlugin(SchedulerPlugin):
             self._periodic.stop()
         if self.storage is not None:
             self.storage.close()
+        if self.standbys is not None:
+            self.standbys.close()
         for job in list(self.jobs.values()):
             await job.close()
         self.jobs.clear()
@@ -140,7 +147,15 @@ class PlannerPlugin(SchedulerPlugin):
             await self._client.close()
             self._client = None
 
+    def add_worker(self, scheduler, worker: str) -> None:
+        # synchronous on purpose: a returning loader that becomes a standby must lose its pool
+        # resources before Dask schedules anything on it (see scheduler_plugins.standbys)
+        if self.standbys is not None:
+            self.standbys.worker_added(worker)
+
     def remove_worker(self, scheduler, worker: str, **kwargs) -> None:
+        if self.standbys is not None:  # first: a standby takes over the dead loader's chunks
+            self.standbys.worker_removed(worker)
         for job in self.jobs.values():
             job.worker_lost(worker)
 
@@ -215,6 +230,7 @@ class PlannerPlugin(SchedulerPlugin):
         runtime = JobRuntime(self.scheduler, client, job, plan_obj, state, listings, lineage_steps,
                              resume_options=options)
         self.jobs[job] = runtime
+        self.standbys.job_registered(plan_obj)  # the pools' standbys open the job's sources
         await runtime.tick()
         logger.info("mdata job %s registered: %s", job, plan_obj)
         return self._job_info(runtime)

@@ -23,6 +23,9 @@ from mdata.wire.messages import (
 from workers.loader import as_key
 
 PULL_ATTEMPT_S = 10.0  # one attempt to pull a chunk's rows from one loader
+# Dask's connect retries a refused connection until its timeout: while a connection is not made
+# within this, the scheduler is asked whether the loader still holds the chunk (see _reach).
+CONNECT_CHECK_S = 0.1
 
 
 class ChunkUnavailableError(MdataError):
@@ -52,6 +55,8 @@ async def _pull_rows(worker, key, indices, addresses: list[str], deadline: float
     while True:
         for address in addresses:
             try:
+                if not await _reach(worker, key, address):
+                    continue  # it left: ask the scheduler where the chunk is now
                 reply = await asyncio.wait_for(
                     ask(worker.rpc(address), TakeRowsRequest(key, tuple(indices))),
                     timeout=PULL_ATTEMPT_S,
@@ -69,8 +74,35 @@ async def _pull_rows(worker, key, indices, addresses: list[str], deadline: float
                 "may have lost its workers: check the dashboard's sources page"
             )
         await asyncio.sleep(delay)
-        delay = min(delay * 2, 1.0)
+        # a lost chunk is reloaded within a step's time (by a standby): notice it that soon too
+        delay = min(delay * 2, 0.25)
         addresses = _known((await _who_has(worker, [key]))[0], key)
+
+
+async def _reach(worker, key, address: str) -> bool:
+    """Connect to the loader at ``address`` (the pull then reuses the connection), or give up
+    as soon as the scheduler no longer lists it as a holder of ``key``.
+
+    A killed loader's address refuses connections, and Dask retries those until its connect
+    timeout; the scheduler knows within milliseconds that the worker left. A live loader answers
+    well within ``CONNECT_CHECK_S``, so the scheduler is only asked about slow or dead ones."""
+    import asyncio
+
+    connecting = asyncio.ensure_future(worker.rpc.connect(address, timeout=PULL_ATTEMPT_S))
+    try:
+        while True:
+            done, _ = await asyncio.wait({connecting}, timeout=CONNECT_CHECK_S)
+            if done:
+                worker.rpc.reuse(address, connecting.result())
+                return True
+            holders = (await _who_has(worker, [key]))[0]
+            if holders is None or address not in holders:
+                return False
+    except (OSError, asyncio.TimeoutError):
+        return False
+    finally:
+        if not connecting.done():
+            connecting.cancel()
 
 
 def _known(addresses: list[str] | None, key) -> list[str]:
@@ -98,12 +130,12 @@ def construct_task(msg: dict[str, Any]) -> DPBatch:
         import asyncio
 
         keys = [as_key(pull.key) for pull in spec.chunks]
-        # The Planner's who_has is from submission time; a loader may have died since.
+        # The Planner's who_has is from submission time; a loader may have died since. Nobody
+        # holding it now means it is being loaded again: wait for it, not for the dead address.
         current = await _who_has(worker, keys)
         return await asyncio.gather(
             *(
-                _pull_rows(worker, key, list(pull.indices), _known(where, key) or list(pull.who_has),
-                           deadline)
+                _pull_rows(worker, key, list(pull.indices), _known(where, key), deadline)
                 for key, pull, where in zip(keys, spec.chunks, current)
             )
         )

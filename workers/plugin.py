@@ -10,9 +10,12 @@ from __future__ import annotations
 from distributed.diagnostics.plugin import WorkerPlugin
 
 import mdata.wire.frames  # noqa: F401  registers the batch wire format on this worker
-from mdata.wire.messages import GetBatchRequest, StorageWaitsRequest, TakeRowsRequest, serve
+from mdata.wire.messages import (
+    GetBatchRequest, SetRoleRequest, StorageWaitsRequest, TakeRowsRequest, serve,
+)
 from workers.constructor import make_get_batch_handler
 from workers.loader import make_take_rows_handler, storage_waits_handler
+from workers.standby import make_set_role_handler
 
 PLUGIN_NAME = "mdata-worker"
 
@@ -28,7 +31,8 @@ class MdataWorkerPlugin(WorkerPlugin):
         worker.handlers[TakeRowsRequest.handler.value] = serve(TakeRowsRequest, make_take_rows_handler(worker))
         worker.handlers[GetBatchRequest.handler.value] = serve(GetBatchRequest, make_get_batch_handler(worker))
         worker.handlers[StorageWaitsRequest.handler.value] = serve(StorageWaitsRequest, storage_waits_handler)
+        worker.handlers[SetRoleRequest.handler.value] = serve(SetRoleRequest, make_set_role_handler(worker))
 
     def teardown(self, worker) -> None:
-        for request in (TakeRowsRequest, GetBatchRequest, StorageWaitsRequest):
+        for request in (TakeRowsRequest, GetBatchRequest, StorageWaitsRequest, SetRoleRequest):
             worker.handlers.pop(request.handler.value, None)

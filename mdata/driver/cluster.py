@@ -4,14 +4,17 @@ An mdata cluster is a plain Dask cluster whose scheduler runs the Planner (prelo
 ``scheduler_plugins.planner``) and whose workers carry *pool resources*: a worker with
 ``pool_<source>=N`` loads that source, one with ``mdata_constructor=N`` builds batches. The
 embedded cluster below is a ``SpecCluster`` with one worker template per pool, so each pool can be
-scaled on its own (Dask's ``Adaptive`` is pool-blind). Beyond one machine the same roles come from
-the dask CLI (``dask scheduler --preload scheduler_plugins.planner``; ``dask worker ADDR --resources
-pool_text=1``), Kubernetes worker groups or Slurm jobs; trainers attach by address.
+scaled on its own (Dask's ``Adaptive`` is pool-blind). A pool may also keep warm *standbys*
+(``standby_<source>=N``, :mod:`mdata.standbys`) that take over a lost loader's chunks. Beyond one
+machine the same roles come from the dask CLI (``dask scheduler --preload scheduler_plugins.planner``;
+``dask worker ADDR --resources pool_text=1``, a standby with ``--resources standby_text=1``),
+Kubernetes worker groups or Slurm jobs; trainers attach by address.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,13 +31,15 @@ _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
 @dataclass(frozen=True)
 class PoolSpec:
-    """One loader pool: the sources it serves, how many workers, threads per worker."""
+    """One loader pool: the sources it serves, how many workers, threads per worker, and how many
+    warm standbys take over a lost loader's chunks (None: ``mdata.cluster.standbys``)."""
 
     name: str
     sources: tuple[str, ...]
     workers: int = 1
     threads: int = 1
     memory_limit: str | int = "4GiB"
+    standbys: int | None = None
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
@@ -43,12 +48,27 @@ class PoolSpec:
             raise PlanError(f"pool {self.name!r} serves no source")
         if self.workers < 0 or self.threads < 1:
             raise PlanError(f"pool {self.name!r}: workers must be >= 0 and threads >= 1")
+        if self.standbys is not None and (not isinstance(self.standbys, int) or self.standbys < 0):
+            raise PlanError(f"pool {self.name!r}: standbys must be an int >= 0, got {self.standbys!r}")
 
     @property
     def resources(self) -> dict[str, int]:
         # A worker runs at most `amount` tasks of a resource at once: give each pool resource
         # the worker's thread count so its threads all load (one task per thread, not one per worker).
         return {f"pool_{source}": self.threads for source in self.sources}
+
+    @property
+    def standby_resources(self) -> dict[str, int]:
+        """A standby's resources: no task needs them; promoted, it gets :attr:`resources`' amounts."""
+        return {f"standby_{source}": self.threads for source in self.sources}
+
+    def standby_count(self) -> int:
+        """How many standbys this pool keeps (its own ``standbys``, else the configured default)."""
+        if self.standbys is not None:
+            return self.standbys
+        from mdata import config
+
+        return int(config.get("cluster.standbys"))
 
 
 def default_pools(sources: Iterable, *, cheap_group_size: int = 4) -> list[PoolSpec]:
@@ -114,7 +134,7 @@ class MdataCluster:
         for i in range(len(current), workers):
             worker_spec[f"{pool}-{next_index}"] = _worker(spec.threads, spec.resources, spec.memory_limit, self.host)
             next_index += 1
-        self.pools[pool] = PoolSpec(spec.name, spec.sources, workers, spec.threads, spec.memory_limit)
+        self.pools[pool] = dataclasses.replace(spec, workers=workers)
         self.cluster.sync(self.cluster._correct_state)
 
     def close(self) -> None:
@@ -243,6 +263,9 @@ def start_cluster(
     for pool in pools:
         for i in range(pool.workers):
             workers[f"{pool.name}-{i}"] = _worker(pool.threads, pool.resources, pool.memory_limit, host)
+        for i in range(pool.standby_count()):  # not counted by scale_pool: '<pool>-standby' differs
+            workers[f"{pool.name}-standby-{i}"] = _worker(pool.threads, pool.standby_resources,
+                                                           pool.memory_limit, host)
     for i in range(constructors):
         workers[f"constructor-{i}"] = _worker(
             constructor_threads, {CONSTRUCTOR_RESOURCE: constructor_threads},

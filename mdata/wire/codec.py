@@ -50,12 +50,14 @@ class Handler(str, enum.Enum):
     TAKE_ROWS = "mdata_take_rows"
     GET_BATCH = "mdata_get_batch"
     STORAGE_WAITS = "mdata_storage_waits"  # any mdata worker: its sources waiting on storage
+    SET_ROLE = "mdata_set_role"  # loader pools: promote a standby, demote a returning loader
 
     def __str__(self) -> str:
         return self.value
 
 
-WORKER_HANDLERS = (Handler.TAKE_ROWS, Handler.GET_BATCH, Handler.STORAGE_WAITS)
+WORKER_HANDLERS = (Handler.TAKE_ROWS, Handler.GET_BATCH, Handler.STORAGE_WAITS,
+                   Handler.SET_ROLE)
 SCHEDULER_HANDLERS = tuple(h for h in Handler if h not in WORKER_HANDLERS)
 
 

@@ -18,6 +18,7 @@ handler (:class:`Handler`)  request                    reply
 ``mdata_take_rows``         TakeRowsRequest            TakeRowsReply (OK/missing), on loaders
 ``mdata_get_batch``         GetBatchRequest            GetBatchReply (OK/missing), on constructors
 ``mdata_storage_waits``     StorageWaitsRequest        StorageWaitsReply, on any mdata worker
+``mdata_set_role``          SetRoleRequest             SetRoleReply (resources), on pool workers
 (construct task argument)   ConstructSpec              the task's result stays on the worker
 ==========================  =========================  ==========================================
 
@@ -54,6 +55,7 @@ from mdata.wire.inspection import (
 from mdata.wire.storage import (
     StorageWaitInfo, StorageWaitsReply, StorageWaitsRequest, WorkerStorageWait,
 )
+from mdata.wire.pools import SetRoleReply, SetRoleRequest
 from mdata.wire.trainers import AttachReply, AttachRequest, DetachRequest
 from mdata.wire.jobs import (
     CheckpointReply, CheckpointRequest, CloseJobRequest, JobInfo, JobInfoRequest, JobsReply,
@@ -79,6 +81,8 @@ __all__ = [
     "WhoHasRequest", "WhoHasReply", "TakeRowsRequest", "TakeRowsReply", "ChunkPull", "ConstructSpec",
     # storage waits
     "StorageWaitsRequest", "StorageWaitsReply", "WorkerStorageWait", "StorageWaitInfo",
+    # loader pools' roles (standbys)
+    "SetRoleRequest", "SetRoleReply",
 ]
 
 R = TypeVar("R", bound=Request)
@@ -90,7 +94,7 @@ CATALOGUE: dict[Handler, type[Request]] = {
         RegisterJobRequest, JobInfoRequest, JobsRequest, BatchLocationRequest, AckRequest,
         ReportMetricsRequest, CheckpointRequest, StatusRequest, StoryRequest, LineageRequest,
         WhoHasRequest, CloseJobRequest, TakeRowsRequest, GetBatchRequest, AttachRequest,
-        DetachRequest, StorageWaitsRequest,
+        DetachRequest, StorageWaitsRequest, SetRoleRequest,
     )
 }
 if set(CATALOGUE) != set(Handler):  # pragma: no cover - a handler added without its request class

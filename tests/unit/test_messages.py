@@ -119,6 +119,8 @@ MESSAGES = [
     m.StorageWaitsReply((STORAGE_WAIT,)),
     m.StorageWaitsReply(()),
     WAITING_STATUS,
+    m.SetRoleRequest(role="loader", resources={"pool_chat": 2.0}, drop=("standby_chat",)),
+    m.SetRoleReply(resources={"pool_chat": 2.0, "standby_chat": 0.0}),
 ]
 
 
@@ -137,7 +139,7 @@ def test_the_catalogue_names_every_handler_once_with_its_reply():
         "mdata_register_job", "mdata_batch_location", "mdata_ack", "mdata_report_metrics",
         "mdata_checkpoint", "mdata_story", "mdata_lineage", "mdata_status", "mdata_jobs",
         "mdata_job_info", "mdata_who_has", "mdata_close_job", "mdata_take_rows", "mdata_get_batch",
-        "mdata_attach", "mdata_detach", "mdata_storage_waits",
+        "mdata_attach", "mdata_detach", "mdata_storage_waits", "mdata_set_role",
     }
     for handler, request in m.CATALOGUE.items():
         assert request.handler is handler and issubclass(request.reply, m.Message)
