@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mdata.errors import PlanError
+from mdata.sources.spec import Format
 from mdata.spec.refs import Trust, check_plain, encode, is_reference, resolve
 
 __all__ = ["SourceSpec", "source_spec"]
@@ -47,8 +48,9 @@ class SourceSpec:
             raise PlanError(f"source name {self.name!r} must be a lowercase identifier like 'web_text'")
         if not isinstance(self.url, str) or not self.url:
             raise PlanError(f"{where}: url must be a non-empty string, got {self.url!r}")
-        if not isinstance(self.format, str):
-            raise PlanError(f"{where}: format must be a string such as 'parquet', got {self.format!r}")
+        formats = [f.value for f in Format]
+        if not isinstance(self.format, str) or self.format not in formats:
+            raise PlanError(f"{where}: unknown format {self.format!r}; formats: {', '.join(formats)}")
         fields = self.fields
         if isinstance(fields, str) or not isinstance(fields, (list, tuple)) or not all(
                 isinstance(f, str) for f in fields):
