@@ -24,7 +24,7 @@ sys.path.insert(0, str(HERE.parent))
 from benchmarks.harness import flatten, render_table  # noqa: E402
 
 # Order matters only for reading the table: cheap, pure figures first.
-BENCHMARKS = ["transforms", "balance", "planner", "mixture", "comms", "throughput", "memory",
+BENCHMARKS = ["plan", "transforms", "balance", "planner", "mixture", "comms", "throughput", "memory",
               "reliability"]
 
 

@@ -325,3 +325,32 @@ def test_spec_args_and_star_args_rebuild_the_object():
     spec = json.loads(json.dumps(plan.to_spec()))
     assert spec["cost"] == {"type": f"{HERE}:SpecArgs", "args": {"levels": [1, 2], "scale": 0.5}}
     assert Plan.from_spec(spec).cost_model.data == {"levels": [1, 2], "scale": 0.5}
+
+
+def _yaml_blocks(page: str) -> list[dict]:
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / page).read_text()
+    return [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", text, re.S) if "mdata_plan" in b]
+
+
+def test_the_documented_plan_files_are_the_documented_python_plans(monkeypatch):
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "docs" / "examples"))
+    from my_job import QATemplate, my_plan, my_sources
+
+    (started,) = _yaml_blocks("getting-started.md")
+    assert Plan.from_spec(started).to_spec() == my_plan(my_sources("/data"), dp=2).to_spec()
+    (example,) = _yaml_blocks("plan-files.md")
+    python = (Plan([Source("code", "/data/code/*.parquet", transform=TokenizeText(field="text"), chunk_rows=32),
+                    Source("qa", "s3://my-bucket/qa/*.jsonl", format="jsonl", transform=QATemplate(),
+                           storage_options={"client_kwargs": {"endpoint_url": "https://s3.example.com"}},
+                           chunk_rows=128, skip_tolerance=0.01)])
+              .mix({"code": 1.0, "qa": 3.0}).cost(AttentionCost(a=1.0, b=49152.0))
+              .balance(micro_batches=1, max_tokens=4096, global_batch=16)
+              .distribute(ClientPlaceTree(dp=2)).seed(0))
+    assert Plan.from_spec(example).to_spec() == python.to_spec()
