@@ -158,6 +158,8 @@ class PlannerPlugin(SchedulerPlugin):
     async def _register(self, req: msg.RegisterJobRequest) -> msg.JobInfo:
         job, checkpoint = req.job, req.checkpoint
         plan_obj = _plan_of(req.plan)
+        if checkpoint is not None:
+            Checkpoint.from_dict(checkpoint)  # a CheckpointError naming what is wrong
         fingerprint = plan_obj.fingerprint()
         existing = self.jobs.get(job)
         if existing is not None:
@@ -234,6 +236,8 @@ class PlannerPlugin(SchedulerPlugin):
     async def attach(self, req: msg.AttachRequest) -> msg.AttachReply:
         runtime = self._job(req.job)
         check_rank(req.handler.value, req.rank, runtime.plan.mesh.world_size)
+        if req.checkpoint is not None:
+            Checkpoint.from_dict(req.checkpoint)  # a CheckpointError naming what is wrong
         return await runtime.attach(req)
 
     def detach(self, req: msg.DetachRequest) -> msg.OkReply:

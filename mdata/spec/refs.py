@@ -136,8 +136,11 @@ def encode(value: Any, where: str) -> Any:
         raise PlanError(f"{where} is {value!r}; a plan spec holds finite numbers only")
     if isinstance(value, _PLAIN):
         return value
-    if hasattr(value, "dtype") and hasattr(value, "item") and getattr(value, "ndim", 1) == 0:
-        return encode(value.item(), where)  # a numpy scalar
+    if hasattr(value, "dtype") and hasattr(value, "item"):
+        if getattr(value, "ndim", 1) == 0:
+            return encode(value.item(), where)  # a numpy scalar
+        raise PlanError(f"{where} is an array of shape {getattr(value, 'shape', '?')}; a plan spec "
+                        "holds lists: keep constructor arguments as lists (or tuples)")
     if isinstance(value, (list, tuple)):
         return [encode(v, f"{where}[{i}]") for i, v in enumerate(value)]
     if isinstance(value, Mapping):
@@ -164,7 +167,8 @@ def constructor_args(obj: Any, where: str) -> dict[str, Any]:
     try:
         params = list(inspect.signature(type(obj)).parameters.values())
     except (TypeError, ValueError):
-        params = []
+        raise PlanError(f"{where}: cannot read the constructor of {type(obj).__name__}; define "
+                        "spec_args() returning the keyword arguments that rebuild it") from None
     args: dict[str, Any] = {}
     for p in params:
         if p.kind is p.VAR_KEYWORD:

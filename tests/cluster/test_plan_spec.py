@@ -15,7 +15,8 @@ import textwrap
 import uuid
 
 import dask
-import pytest
+import distributed  # noqa: F401  its config defaults must exist before dask.config.set below:
+import pytest       # otherwise leaving the set would delete the whole 'distributed' section
 
 from mdata.cost import AttentionCost
 from mdata.data.example import example_sources
@@ -166,6 +167,14 @@ def test_every_handler_refuses_arguments_out_of_range(cluster):
     for make, message in cases:
         with pytest.raises(InvalidRequestError, match=message):
             make()
+    from mdata.errors import CheckpointError
+
+    with pytest.raises(CheckpointError):
+        call(s.mdata_attach, job="ranges", rank=0, client="c", token="t", host="h", pid=1,
+             checkpoint={"step": 0})
+    with pytest.raises(CheckpointError):
+        call(s.mdata_register_job, job="ranges", plan=_spec(cluster["sources"], dp=2),
+             checkpoint={"no": "checkpoint"})
     # types were always checked where each request is read
     with pytest.raises(MessageError, match=r"AckRequest.*'rank' must be an integer, got str"):
         call(s.mdata_ack, job="ranges", rank="0", step=0)

@@ -194,6 +194,7 @@ def test_unset_settings_stay_unset_and_names_only_plans_round_trip():
     (lambda: full_plan(cost=lambda t, p: t), r"cost.*lambda.*define it at the top level"),
     (lambda: full_plan(cost=Opaque(2)), r"cost: cannot describe Opaque as data: its constructor "
                                          r"argument 'level' is not an attribute"),
+    (lambda: full_plan(cost=Quadratic(np.array([1.0, 2.0]))), r"cost.args.scale is an array of shape \(2,\)"),
     (lambda: Plan([type("Fake", (), {"name": "web", "chunk_rows": 8})()]),
      r"source 'web' is a Fake: a plan spec describes Source values"),
 ])
