@@ -24,8 +24,8 @@ sys.path.insert(0, str(HERE.parent))
 from benchmarks.harness import flatten, render_table  # noqa: E402
 
 # Order matters only for reading the table: cheap, pure figures first.
-BENCHMARKS = ["transforms", "balance", "planner", "lineage", "mixture", "resume", "comms",
-              "throughput", "memory", "reliability"]
+BENCHMARKS = ["plan", "transforms", "balance", "planner", "lineage", "mixture", "resume",
+              "comms", "throughput", "memory", "reliability"]
 
 
 def main(argv: list[str] | None = None) -> int:

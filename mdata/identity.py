@@ -34,6 +34,8 @@ from typing import Any
 
 import numpy as np
 
+from mdata.spec.sources import source_spec
+
 __all__ = [
     "describe", "digest", "callable_path", "listing_entries", "SourceData", "DataIdentity",
     "plan_description", "plan_fingerprint",
@@ -216,14 +218,8 @@ def plan_description(plan: Any) -> dict[str, Any]:
     except PlanError:
         balance = None
     mesh = plan.mesh
-    reading = {
-        name: {"format": describe(getattr(src, "format", None)),
-               "fields": describe(getattr(src, "fields", ())),
-               "transform": describe(getattr(src, "transform", None)),
-               "max_tokens": describe(getattr(src, "max_tokens", None)),
-               "skip_tolerance": describe(getattr(src, "skip_tolerance", None))}
-        for name, src in zip(plan.source_names, plan.sources) if not isinstance(src, str)
-    }
+    reading = {name: _reading(src) for name, src in zip(plan.source_names, plan.sources)
+               if not isinstance(src, str)}
     return {
         "data": DataIdentity.of(plan).to_dict(with_fingerprint=False),
         "mixture": mixture,
@@ -236,6 +232,20 @@ def plan_description(plan: Any) -> dict[str, Any]:
         },
         "reading": reading,
     }
+
+
+def _reading(src: Any) -> dict[str, Any]:
+    """How a source is read, described through its spec (mdata.spec), so that a client's
+    ``Source`` and the scheduler's ``SourceSpec`` of it (transform as a reference) agree."""
+    from mdata.errors import PlanError
+
+    try:
+        spec = source_spec(src).to_dict()
+    except PlanError:  # a transform no spec can name (a lambda...): such a plan is never sent
+        spec = {k: getattr(src, k, None) for k in ("format", "fields", "transform", "max_tokens",
+                                                  "skip_tolerance")}
+    return {k: describe(spec[k]) for k in ("format", "fields", "transform", "max_tokens",
+                                           "skip_tolerance")}
 
 
 def plan_fingerprint(plan: Any, listings: Mapping[str, Any] | None = None) -> str:

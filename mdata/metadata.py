@@ -15,7 +15,7 @@ import numpy as np
 
 from mdata.errors import PlanError
 
-__all__ = ["SourceMetadata"]
+__all__ = ["SourceMetadata", "read_metadata"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -120,3 +120,28 @@ class SourceMetadata:
         skipped = [None if cov.all() else ~cov for cov in covered]
         return cls(names.pop(), tuple(tokens), tuple(patches),
                    None if all(s is None for s in skipped) else tuple(skipped))
+
+
+def read_metadata(sources: Iterable, *, max_rows_per_shard: int | None = None) -> dict[str, "SourceMetadata"]:
+    """Per-sample cost features of real sources, read the way a loader does: every chunk of every
+    shard goes through :func:`~mdata.sources.load_chunk` (read, transform), and only the token and
+    patch counts are kept. ``max_rows_per_shard`` reads only the first rows of each shard (a
+    quicker, approximate profile: the simulation then sees shards of that size)."""
+    from mdata.sources import list_shards, load_chunk
+
+    if max_rows_per_shard is not None and max_rows_per_shard < 1:
+        raise PlanError(f"max_rows_per_shard must be >= 1 or None, got {max_rows_per_shard!r}")
+    out: dict[str, SourceMetadata] = {}
+    for src in sources:
+        listing = list_shards(src)
+        rows = [shard.num_rows if max_rows_per_shard is None else min(shard.num_rows, max_rows_per_shard)
+                for shard in listing.shards]
+        chunks = [
+            load_chunk(src, shard.index, start, min(start + src.chunk_rows, n))
+            for shard, n in zip(listing.shards, rows)
+            for start in range(0, n, src.chunk_rows)
+        ]
+        if not chunks:
+            raise PlanError(f"source {src.name!r} has no rows to profile")
+        out[src.name] = SourceMetadata.from_chunks(chunks, shard_rows=rows)
+    return out

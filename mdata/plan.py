@@ -252,18 +252,58 @@ class Plan:
         trainer waits.
         """
         self.validate()
-        if self._cfg.image_token_id is None:
-            with_images = [
-                src.name for src in self._cfg.sources
-                if getattr(getattr(src, "transform", None), "produces_images", False)
-            ]
-            if with_images:
-                raise PlanError(
-                    f"sources {with_images} yield images, so constructors need the token id that "
-                    "stands for image patches in input_ids: call "
-                    ".special_tokens(image_token_id=...) on the plan"
-                )
+        return self.check_image_token([
+            src.name for src in self._cfg.sources
+            if getattr(getattr(src, "transform", None), "produces_images", False)
+        ])
+
+    def check_image_token(self, sources_with_images: Sequence[str]) -> "Plan":
+        """Raise PlanError when some sources yield images but no image token id is set; returns
+        self. (The scheduler learns which sources yield images from the loaders, where the
+        transforms are imported, since it never imports them itself.)"""
+        if self._cfg.image_token_id is None and sources_with_images:
+            raise PlanError(
+                f"sources {list(sources_with_images)} yield images, so constructors need the token "
+                "id that stands for image patches in input_ids: call "
+                ".special_tokens(image_token_id=...) on the plan"
+            )
         return self
+
+    # -- as data ---------------------------------------------------------------------------------
+    def to_spec(self) -> dict[str, Any]:
+        """The plan as plain data (what msgpack, JSON and YAML carry; docs/plan-files.md).
+
+        Sources become source specs whose transform is named by import path with its arguments;
+        cost models and mixture policies likewise. Raises PlanError naming what cannot be
+        described as data (a lambda, a class defined in a notebook...)."""
+        from mdata.spec.plan_spec import plan_to_spec
+
+        return plan_to_spec(self)
+
+    @classmethod
+    def from_spec(cls, spec: Mapping[str, Any], *, build_sources: bool = True,
+                  trust: Any = None) -> "Plan":
+        """The Plan ``spec`` describes (validated like the builder calls it stands for).
+
+        ``build_sources=False`` keeps each source as a :class:`~mdata.spec.SourceSpec` instead of
+        importing its transform; ``trust`` (a :class:`~mdata.spec.Trust`) limits which cost models
+        and mixture policies may be imported (everything by default)."""
+        from mdata.spec.plan_spec import plan_from_spec
+
+        return plan_from_spec(spec, plan_cls=cls, build_sources=build_sources, trust=trust)
+
+    def to_file(self, path: Any) -> Any:
+        """Write the plan's spec to ``path`` (YAML; JSON for a ``.json`` name); returns the path."""
+        from mdata.spec.files import write_spec
+
+        return write_spec(self.to_spec(), path)
+
+    @classmethod
+    def from_file(cls, path: Any, *, build_sources: bool = True) -> "Plan":
+        """Read a plan file written by :meth:`to_file` or by hand (docs/plan-files.md)."""
+        from mdata.spec.files import read_spec
+
+        return cls.from_spec(read_spec(path), build_sources=build_sources)
 
     # -- identity ------------------------------------------------------------------------------
     def config(self) -> dict[str, Any]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import pickle
 from typing import Any
 
 import numpy as np
@@ -29,14 +28,20 @@ from mdata import planner as ps
 from mdata.checkpoint import Checkpoint
 from mdata.errors import MdataError, PlanError
 from mdata.ids import SampleId
+from mdata.plan import Plan
+from mdata.spec import scheduler_trust
 from mdata.wire import messages as msg
+from mdata.wire.errors import InvalidRequestError
 from scheduler_plugins import lineage_store
 from scheduler_plugins.dashboard.pages import register_pages
 from scheduler_plugins.dashboard.routes import register_routes
 from scheduler_plugins.job_runtime import JobRuntime, pool_resource
-from scheduler_plugins.storage_poll import StoragePoller
+from scheduler_plugins.request_checks import (
+    check_count, check_job_name, check_rank, check_step, check_timeout,
+)
 from scheduler_plugins.standbys import StandbyKeeper
-from workers.loader import as_key
+from scheduler_plugins.storage_poll import StoragePoller
+from workers.loader import as_key, list_shards_task
 from workers.plugin import PLUGIN_NAME, MdataWorkerPlugin
 
 logger = logging.getLogger("mdata.planner")
@@ -47,32 +52,6 @@ PLUGIN = "mdata-planner"
 # registering mdata's pages and JSON routes here puts them on it.
 register_pages()
 register_routes()
-
-
-def _list_shards_task(source):
-    """Runs on a loader of the source's pool: ``[[shard name, rows], ...]`` from file metadata.
-
-    Names are relative to the source's URL (its directory, or a glob's fixed prefix), so the
-    listing says what the data is and the URL where it lives: a checkpoint names either change."""
-    from mdata.sources.listing import list_shards_resolved
-
-    listing, fs, paths = list_shards_resolved(source)
-    root = _listing_root(fs._strip_protocol(source.url), paths)
-    return [[_relative(path, root), int(shard.num_rows)] for path, shard in zip(paths, listing.shards)]
-
-
-def _listing_root(url_path: str, paths: list[str]) -> str:
-    """The folder shard names are relative to: a glob's fixed prefix, a folder, a file's folder."""
-    glob = min((i for i, c in enumerate(url_path) if c in "*?["), default=None)
-    if glob is not None:
-        return url_path[:glob].rsplit("/", 1)[0]
-    if paths == [url_path]:
-        return url_path.rsplit("/", 1)[0]
-    return url_path.rstrip("/")
-
-
-def _relative(path: str, root: str) -> str:
-    return path[len(root):].lstrip("/") if root and path.startswith(root + "/") else path
 
 
 class PlannerPlugin(SchedulerPlugin):
@@ -188,21 +167,24 @@ class PlannerPlugin(SchedulerPlugin):
             return self.jobs[job]
         except KeyError:
             known = ", ".join(sorted(self.jobs)) or "none"
-            raise MdataError(
+            raise InvalidRequestError(
                 f"no mdata job named {job!r} on this cluster (jobs: {known}); register it first with "
                 "mdata.driver.submit_job(client, plan, job=...) or pass plan= to the Loader"
             ) from None
 
     async def register_job(self, req: msg.RegisterJobRequest) -> msg.JobInfo:
-        """Register ``job`` with a pickled Plan; idempotent for the same plan. A checkpoint for a
+        """Register ``job`` with a plan spec; idempotent for the same plan. A checkpoint for a
         job that runs already rewinds it to the checkpoint's step (never silently ignored)."""
+        check_job_name(req.handler.value, req.job)
         async with self._register_lock:
             return await self._register(req)
 
     async def _register(self, req: msg.RegisterJobRequest) -> msg.JobInfo:
         job, checkpoint = req.job, req.checkpoint
         options = ps.ResumeOptions(req.accept_appended_shards, req.allow_mixture_change)
-        plan_obj = pickle.loads(req.plan).validate_for_delivery()
+        plan_obj = _plan_of(req.plan)
+        if checkpoint is not None:
+            Checkpoint.from_dict(checkpoint)  # a CheckpointError naming what is wrong
         fingerprint = plan_obj.fingerprint()
         existing = self.jobs.get(job)
         if existing is not None:
@@ -215,7 +197,8 @@ class PlannerPlugin(SchedulerPlugin):
                 await existing.rewind_for_driver(dict(checkpoint), options)
             return self._job_info(existing)
         client = await self.client()
-        listings = await self._list_shards(client, plan_obj)
+        listings, with_images = await self._list_shards(client, plan_obj)
+        plan_obj.check_image_token(with_images)
         from mdata import config
 
         lineage_steps = config.get("planner.lineage-steps")
@@ -235,16 +218,20 @@ class PlannerPlugin(SchedulerPlugin):
         logger.info("mdata job %s registered: %s", job, plan_obj)
         return self._job_info(runtime)
 
-    async def _list_shards(self, client, plan) -> dict[str, list[list]]:
+    async def _list_shards(self, client, plan) -> tuple[dict[str, list[list]], list[str]]:
+        """``[[shard name, rows], ...]`` of every source, listed on a loader of its pool, which
+        also builds the Source there (importing its transform: the registration's import
+        check); and the sources whose transform yields images."""
         futures = {
             src.name: client.submit(
-                _list_shards_task, src, resources={pool_resource(src.name): 1}, pure=False
+                list_shards_task, src, resources={pool_resource(src.name): 1}, pure=False
             )
             for src in plan.sources
         }
         names = list(futures)
         results = await client.gather([futures[n] for n in names])
-        return dict(zip(names, results))
+        listings = {n: [list(s) for s in r["shards"]] for n, r in zip(names, results)}
+        return listings, [n for n, r in zip(names, results) if r["produces_images"]]
 
     def _job_info(self, runtime: JobRuntime) -> msg.JobInfo:
         mesh = runtime.plan.mesh
@@ -257,26 +244,39 @@ class PlannerPlugin(SchedulerPlugin):
             world_size=int(mesh.world_size),
         )
 
+    def _ranked(self, req) -> JobRuntime:
+        """The job of a request from one trainer rank about one step, after checking both."""
+        runtime = self._job(req.job)
+        check_rank(req.handler.value, req.rank, runtime.plan.mesh.world_size)
+        check_step(req.handler.value, req.step)
+        return runtime
+
     async def batch_location(self, req: msg.BatchLocationRequest) -> msg.BatchLocationReply:
-        return await self._job(req.job).batch_location(req.rank, req.step, req.timeout,
+        check_timeout(req.handler.value, req.timeout)
+        return await self._ranked(req).batch_location(req.rank, req.step, req.timeout,
                                                        req.token, req.generation)
 
     async def ack(self, req: msg.AckRequest) -> msg.OkReply:
-        await self._job(req.job).acknowledge(req.rank, req.step, consumed=req.consumed,
+        await self._ranked(req).acknowledge(req.rank, req.step, consumed=req.consumed,
                                              token=req.token, generation=req.generation)
         return msg.OkReply()
 
     async def attach(self, req: msg.AttachRequest) -> msg.AttachReply:
-        return await self._job(req.job).attach(req)
+        runtime = self._job(req.job)
+        check_rank(req.handler.value, req.rank, runtime.plan.mesh.world_size)
+        if req.checkpoint is not None:
+            Checkpoint.from_dict(req.checkpoint)  # a CheckpointError naming what is wrong
+        return await runtime.attach(req)
 
     def detach(self, req: msg.DetachRequest) -> msg.OkReply:
         runtime = self.jobs.get(req.job)
         if runtime is not None:  # a job closed meanwhile has no lease to end
+            check_rank(req.handler.value, req.rank, runtime.plan.mesh.world_size)
             runtime.detach(req.rank, req.token)
         return msg.OkReply()
 
     async def report_metrics(self, req: msg.ReportMetricsRequest) -> msg.OkReply:
-        await self._job(req.job).handle(
+        await self._ranked(req).handle(
             ps.MetricsReported(step=req.step, rank=req.rank, metrics=dict(req.metrics),
                                stimulus_id=f"metrics-{req.rank}-{req.step}")
         )
@@ -284,6 +284,7 @@ class PlannerPlugin(SchedulerPlugin):
 
     async def checkpoint(self, req: msg.CheckpointRequest) -> msg.CheckpointReply:
         runtime = self._job(req.job)
+        check_step(req.handler.value, req.step)
         # a checkpoint asked for is one to store: with the listings, to name a changed shard
         return msg.CheckpointReply(await runtime.read_state(
             lambda state: state.checkpoint(req.step, with_listings=True)))
@@ -306,6 +307,7 @@ class PlannerPlugin(SchedulerPlugin):
         """Planned sample ids per step and DP rank, from the DGraph (for exactly-once checks)."""
         runtime = self._job(req.job)
         steps, dp = req.steps, runtime.plan.mesh.dp
+        check_count(req.handler.value, steps, runtime.view.planned_step, "steps (how many planned steps)")
 
         def read(state) -> msg.LineageReply:
             graph = state.dgraph
@@ -361,6 +363,19 @@ def _log_resume(job: str, state) -> None:
         logger.warning("mdata job %s resumed at step %d with %s", job, state.consumed_step, ", ".join(
             [f"{n} shards appended to source {s!r}" for s, n in resume.grown.items()]
             + (["a new mixture (its carries restart)"] if resume.mixture_changed else [])))
+
+
+def _plan_of(spec) -> Plan:
+    """The Plan of a registration, read without importing any client code: sources stay specs
+    (their transforms are imported on the loaders), cost models and mixtures are resolved only
+    from mdata's built-ins and the modules this scheduler trusts (docs/plan-files.md)."""
+    plan = Plan.from_spec(spec, build_sources=False, trust=scheduler_trust()).validate()
+    names_only = [s for s in plan.sources if isinstance(s, str)]
+    if names_only:
+        raise PlanError(
+            f"sources {names_only} are given by name only; a job needs each source's url, format "
+            "and transform (pass mdata.sources.Source values to the Plan)")
+    return plan
 
 
 def _client_security(security):

@@ -16,6 +16,7 @@ from typing import Any
 
 from mdata.batch import DPBatch, build_dp_batch
 from mdata.errors import MdataError
+from mdata.wire.errors import InvalidRequestError
 from mdata.wire.messages import (
     ConstructSpec, GetBatchReply, GetBatchRequest, NoHandlerError, Status, TakeRowsRequest,
     WhoHasRequest, ask,
@@ -167,6 +168,8 @@ def make_get_batch_handler(worker):
             dp_batch = worker.data[req.key]
         except KeyError:
             return GetBatchReply(Status.MISSING, req.key)
+        if not isinstance(dp_batch, DPBatch):
+            raise InvalidRequestError(f"mdata_get_batch: {req.key!r} is not a built batch")
         batch = dp_batch.for_rank(
             req.cp_rank, receives_tokens=req.receives_tokens, receives_labels=req.receives_labels
         )

@@ -11,23 +11,112 @@ Where this runs and how a step flows through it: docs/dev/architecture.md.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
 import numpy as np
 
+from mdata.errors import PlanError, SourceError
 from mdata.sources import Source, SampleChunk, default_reader_cache, load_chunk, storage_waits
+from mdata.sources.listing import list_shards_resolved
+from mdata.spec import SourceSpec
+from mdata.wire.errors import InvalidRequestError
 from mdata.wire.messages import (
     Status, StorageWaitsReply, StorageWaitsRequest, TakeRowsReply, TakeRowsRequest,
 )
 
+_built: dict[str, Source] = {}  # SourceSpec.key() -> the Source built from it in this process
+_built_lock = threading.Lock()
 
-def load_chunk_task(source: Source, shard: int, start: int, stop: int) -> SampleChunk:
+
+def build_source(source: Source | SourceSpec) -> Source:
+    """The Source of a load task's spec, built once per process: this is where a source's
+    transform is imported (on the loaders that run it, never on the scheduler)."""
+    if isinstance(source, Source):
+        return source
+    key = source.key()
+    built = _built.get(key)
+    if built is None:
+        with _built_lock:
+            built = _built.get(key)
+            if built is None:
+                built = _built[key] = source.build()
+    return built
+
+
+def _portable(exc: BaseException, source: str) -> BaseException:
+    """An error the scheduler can read without importing a client's code.
+
+    Dask hands a task's exception to the Planner's client pickled; unpickling a class defined in a
+    user module (a transform's own error) would import that module inside the scheduler. So such
+    errors travel as a :class:`SourceError` naming the original class."""
+    module = type(exc).__module__.split(".")[0]
+    if module in ("builtins", "mdata"):
+        return exc
+    fields = {k: getattr(exc, k, None) for k in ("shard", "row", "hint")} if isinstance(exc, SourceError) else {}
+    return SourceError(f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}", source=source, **fields)
+
+
+def load_chunk_task(source: Source | SourceSpec, shard: int, start: int, stop: int) -> SampleChunk:
     """Dask task body: read and transform rows ``[start, stop)`` of one shard of ``source``."""
     began = time.perf_counter()
-    chunk = load_chunk(source, shard, start, stop, cache=default_reader_cache())
+    try:
+        chunk = load_chunk(build_source(source), shard, start, stop, cache=default_reader_cache())
+    except Exception as exc:
+        portable = _portable(exc, source.name)
+        if portable is exc:
+            raise
+        raise portable from None
     chunk.load_seconds = time.perf_counter() - began  # measured cost, feeds pool sizing
     return chunk
+
+
+def list_shards_task(source: Source | SourceSpec) -> dict[str, Any]:
+    """Dask task body of registration, on a loader of the source's pool: build the Source (the
+    import check of its transform, named with this worker when it fails), then list its shards.
+    Returns ``shards``, ``[[shard name, rows], ...]`` (names relative to the source's URL, so the
+    listing says what the data is and the URL where it lives: a checkpoint names either change),
+    and whether the transform yields images."""
+    try:
+        built = build_source(source)
+    except Exception as exc:
+        raise PlanError(f"source {source.name!r} cannot be built on worker {_worker_address()}: "
+                        f"{type(exc).__name__}: {exc}") from None
+    try:
+        listing, fs, paths = list_shards_resolved(built)
+    except Exception as exc:
+        portable = _portable(exc, source.name)
+        if portable is exc:
+            raise
+        raise portable from None
+    root = _listing_root(fs._strip_protocol(built.url), paths)
+    return {"shards": [[_relative(path, root), int(shard.num_rows)]
+                       for path, shard in zip(paths, listing.shards)],
+            "produces_images": bool(getattr(built.transform, "produces_images", False))}
+
+
+def _listing_root(url_path: str, paths: list[str]) -> str:
+    """The folder shard names are relative to: a glob's fixed prefix, a folder, a file's folder."""
+    glob = min((i for i, c in enumerate(url_path) if c in "*?["), default=None)
+    if glob is not None:
+        return url_path[:glob].rsplit("/", 1)[0]
+    if paths == [url_path]:
+        return url_path.rsplit("/", 1)[0]
+    return url_path.rstrip("/")
+
+
+def _relative(path: str, root: str) -> str:
+    return path[len(root):].lstrip("/") if root and path.startswith(root + "/") else path
+
+
+def _worker_address() -> str:
+    try:
+        from distributed import get_worker
+
+        return str(get_worker().address)
+    except (ImportError, ValueError):
+        return "(not in a Dask worker)"
 
 
 def chunk_summary_task(chunk: SampleChunk) -> dict[str, Any]:
@@ -56,7 +145,14 @@ def make_take_rows_handler(worker):
             chunk = worker.data[req.key]
         except KeyError:
             return TakeRowsReply(Status.MISSING, req.key)
-        return TakeRowsReply(Status.OK, req.key, chunk.take(np.asarray(req.indices, dtype=np.int64)))
+        if not isinstance(chunk, SampleChunk):
+            raise InvalidRequestError(f"mdata_take_rows: {req.key!r} is not a loaded chunk")
+        indices = np.asarray(req.indices, dtype=np.int64)
+        if indices.size and (indices.min() < 0 or indices.max() >= len(chunk)):
+            raise InvalidRequestError(
+                f"mdata_take_rows: indices must be in 0..{len(chunk) - 1} for chunk {req.key!r}, "
+                f"got {int(indices.min())}..{int(indices.max())}")
+        return TakeRowsReply(Status.OK, req.key, chunk.take(indices))
 
     return take_rows
 

@@ -3,9 +3,10 @@
 Two sources of real text taken from Python's own standard library, written the way your data
 probably is: source files as Parquet (one ``text`` column) and question/answer pairs (a function's
 name and its docstring) as JSON Lines. ``code`` uses the built-in :class:`TokenizeText`; ``qa`` uses
-:class:`QATemplate`, a transform of our own. Transforms are pickled by reference, so they must live
-in a module the scheduler and every worker can import (this file, next to the driver script, is
-enough for an embedded cluster; install it or put it on PYTHONPATH for a CLI/Kubernetes/Slurm one).
+:class:`QATemplate`, a transform of our own. A plan names a transform by its import path
+(``my_job:QATemplate``), so it must live in a module the loader workers can import (this file,
+next to the driver script, is enough for an embedded cluster; install it or put it on PYTHONPATH
+for a CLI/Kubernetes/Slurm one). The scheduler never imports it (docs/plan-files.md).
 """
 
 from __future__ import annotations

@@ -291,21 +291,49 @@ def start_cluster(
     return MdataCluster(cluster=cluster, pools={p.name: p for p in pools}, host=host)
 
 
+def _plan_to_serve(path: str):
+    """The plan of ``mdata cluster up --plan``, read as the scheduler reads it (this process runs
+    the scheduler): sources stay specs, only built-in or trusted cost models and mixtures."""
+    from mdata.plan import Plan
+    from mdata.spec import read_spec, scheduler_trust
+
+    plan = Plan.from_spec(read_spec(path), build_sources=False, trust=scheduler_trust())
+    names_only = [s for s in plan.sources if isinstance(s, str)]
+    if names_only:
+        raise PlanError(f"plan file {path!r}: sources {names_only} are names only; a cluster serves "
+                        "sources with a url, format and transform")
+    return plan.validate()
+
+
 def cluster_up_cli(args: argparse.Namespace) -> int:
-    """``mdata cluster up``: start the embedded cluster for the example corpus and wait."""
+    """``mdata cluster up``: start the embedded cluster and wait. With ``--plan``, serve the plan
+    file's sources and register it as ``--job``; otherwise serve the example corpus."""
     import time
     from pathlib import Path
 
-    from mdata.data.example import build_example_corpus, example_sources
+    plan = None
+    if getattr(args, "plan", None):
+        plan = _plan_to_serve(args.plan)
+        sources = list(plan.sources)
+    else:
+        from mdata.data.example import build_example_corpus, example_sources
 
-    if not (Path(args.data) / "manifest.json").exists():
-        build_example_corpus(args.data, size="small")
-    sources = example_sources(args.data)
+        if not (Path(args.data) / "manifest.json").exists():
+            build_example_corpus(args.data, size="small")
+        sources = example_sources(args.data)
     with start_cluster(sources, constructors=args.constructors, host=args.host,
                        dashboard_address=args.dashboard_address, scheduler_port=args.port) as c:
         print(f"scheduler: {c.scheduler_address}")
         print(f"dashboard: {c.dashboard_link}")
         print("pools: " + ", ".join(f"{p.name}={list(p.sources)}" for p in c.pools.values()))
+        if plan is not None:
+            from distributed import Client
+
+            from mdata.trainer.loader import submit_job
+
+            with Client(c.scheduler_address, set_as_default=False) as client:
+                info = submit_job(client, plan, job=args.job)
+            print(f"job: {args.job} (fingerprint {info['fingerprint']}, world size {info['world_size']})")
         print("press Ctrl-C to stop", flush=True)
         try:
             while True:

@@ -25,7 +25,6 @@ the error that failed it, as its own class with its fields (a corrupt shard arri
 from __future__ import annotations
 
 import os
-import pickle
 import queue
 import socket
 import threading
@@ -81,7 +80,7 @@ def _register(client, plan, *, job: str, checkpoint: dict | None, **resume_optio
     import mdata.wire.frames  # noqa: F401  the wire format must be known before batches arrive
 
     plan.validate_for_delivery()
-    return ask_sync(client, RegisterJobRequest(job=job, plan=pickle.dumps(plan), checkpoint=checkpoint,
+    return ask_sync(client, RegisterJobRequest(job=job, plan=plan.to_spec(), checkpoint=checkpoint,
                                                **resume_options))
 
 

@@ -28,7 +28,8 @@ from typing import Any
 
 from mdata.errors import MdataError, SourceError
 
-__all__ = ["MessageError", "NoHandlerError", "bad_message", "bad_field", "error_to_msg", "error_from_msg"]
+__all__ = ["MessageError", "NoHandlerError", "InvalidRequestError", "bad_message", "bad_field",
+           "error_to_msg", "error_from_msg"]
 
 _PLAIN = (str, int, float, bool, type(None))
 _SOURCE_FIELDS = ("source", "shard", "row", "hint")
@@ -45,6 +46,11 @@ class MessageError(MdataError):
 class NoHandlerError(MessageError):
     """The peer answered nothing: it has no such handler (a worker shutting down has dropped its
     handlers; a process without mdata's plugin never had them). Ask someone else."""
+
+
+class InvalidRequestError(MdataError, ValueError):
+    """A well-formed request whose values are out of range for its job (a rank outside the world,
+    a negative step, a job that does not exist...). Raised by the handler that received it."""
 
 
 def bad_message(message: str, problem: str) -> MessageError:

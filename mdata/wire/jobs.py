@@ -16,7 +16,7 @@ from mdata.checkpoint import Checkpoint
 from mdata.errors import CheckpointError
 from mdata.mesh import ClientPlaceTree
 from mdata.wire.codec import (
-    Handler, Message, Reader, Request, Status, check_bool, check_dict, check_str,
+    Handler, Message, Reader, Request, Status, check_bool, check_dict, check_str, plain,
 )
 
 __all__ = [
@@ -122,7 +122,8 @@ class RegisterJobRequest(Request):
     """Register ``plan`` as ``job`` (idempotent for the same plan); optionally resume from
     ``checkpoint`` (a ``Checkpoint.to_dict()``; the Planner checks it and raises CheckpointError).
 
-    ``plan`` is the pickled :class:`~mdata.plan.Plan`, as it has always travelled.
+    ``plan`` is the plan's spec, ``Plan.to_spec()``: plain data (docs/plan-files.md). The Planner
+    never unpickles what a client sends, so pickled bytes here are refused where they are read.
     ``accept_appended_shards`` / ``allow_mixture_change``: what the resume from ``checkpoint``
     may accept beyond the data and mixture it was written with (see mdata.planner.resume).
     """
@@ -131,20 +132,24 @@ class RegisterJobRequest(Request):
     reply = JobInfo
 
     job: str
-    plan: bytes
+    plan: Mapping[str, Any]
     checkpoint: Mapping[str, Any] | None = None
     accept_appended_shards: bool = False
     allow_mixture_change: bool = False
 
     def to_msg(self) -> dict[str, Any]:
-        return {"job": self.job, "plan": bytes(self.plan),
+        return {"job": self.job, "plan": plain(self.plan),
                 "checkpoint": None if self.checkpoint is None else dict(self.checkpoint),
                 **resume_flags_msg(self)}
 
     @classmethod
     def from_msg(cls, msg: Any) -> "RegisterJobRequest":
         r = Reader(cls.__name__, msg)
-        out = cls(r.str("job"), r.bytes("plan"), r.optional("checkpoint", check_dict),
+        if isinstance(r.raw("plan", None), (bytes, bytearray, memoryview)):
+            raise r.fail("plan", "is bytes (a pickled Plan?): mdata never unpickles what a client "
+                                 "sends; send the plan's spec, Plan.to_spec(), which submit_job and "
+                                 "Loader(plan=...) do")
+        out = cls(r.str("job"), r.dict("plan"), r.optional("checkpoint", check_dict),
                   **read_resume_flags(r))
         r.done()
         return out

@@ -1,4 +1,5 @@
-"""Mixture policies used by cluster tests (a module of its own so the scheduler can unpickle them)."""
+"""Mixture policies used by cluster tests: a module of its own, which the tests list in
+``mdata.planner.trusted-modules`` so that the scheduler (in the test process) may import it."""
 
 from __future__ import annotations
 

@@ -307,7 +307,10 @@ def test_metrics_reported_by_trainers_steer_a_metric_driven_mixture(client, exam
             .cost(AttentionCost(a=1.0, b=2048.0))
             .balance(micro_batches=1, max_tokens=2048, global_batch=8)
             .distribute(ClientPlaceTree(dp=1)).seed(4).window(2))
-    submit_job(client, plan, job="metrics")
+    import dask
+
+    with dask.config.set({"mdata.planner.trusted-modules": ["policies"]}):  # read by the scheduler
+        submit_job(client, plan, job="metrics")
     with Loader(client, job="metrics", rank=0, world_size=1, steps=8, timeout=60) as loader:
         counts = []
         for batch in loader:

@@ -53,3 +53,46 @@ def test_cluster_up_prints_addresses_and_serves_trainers(example_corpus):
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == 0
+
+
+def test_cluster_up_with_a_plan_file_serves_the_users_own_sources(tmp_path):
+    """`mdata cluster up --plan FILE --job NAME` serves the plan's own sources and registers it;
+    a trainer attaches by address and job name alone."""
+    import json
+
+    from mdata.sources import Source, TokenizeText
+
+    data = tmp_path / "notes"
+    data.mkdir()
+    for shard in range(2):
+        lines = [json.dumps({"body": f"note {shard}-{i}: " + "words " * (i % 7 + 1)}) for i in range(40)]
+        (data / f"part-{shard}.jsonl").write_text("\n".join(lines) + "\n")
+    plan = (Plan([Source("notes", str(data), format="jsonl", chunk_rows=16,
+                         transform=TokenizeText(field="body"))])
+            .mix({"notes": 1.0}).cost(AttentionCost(a=1.0, b=2048.0))
+            .balance(micro_batches=1, max_tokens=512, global_batch=6)
+            .distribute(ClientPlaceTree(dp=1)).seed(9))
+    path = plan.to_file(tmp_path / "notes.yaml")
+
+    mdata = Path(sys.executable).with_name("mdata")
+    proc = subprocess.Popen(
+        [str(mdata), "cluster", "up", "--plan", str(path), "--job", "notes", "--port", "0",
+         "--dashboard-address", "127.0.0.1:0"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        lines = {}
+        for line in proc.stdout:
+            key, _, value = line.partition(": ")
+            lines[key] = value.strip()
+            if line.startswith("press Ctrl-C"):
+                break
+        assert "notes" in lines["pools"] and "chat" not in lines["pools"]
+        assert lines["job"] == f"notes (fingerprint {plan.fingerprint()}, world size 1)"
+        with Loader(lines["scheduler"], job="notes", rank=0, world_size=1, steps=3, timeout=60) as loader:
+            batches = list(loader)
+        assert [b["step"] for b in batches] == [0, 1, 2]
+        ids = {tuple(r) for b in batches for r in b["sample_ids"].tolist()}
+        assert len(ids) == 18 and {s for s, _, _ in ids} == {0}  # source 0: notes, no repeats
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0

@@ -26,7 +26,9 @@ def _free_port() -> int:
 def test_serve_and_torchrun_trainers_as_documented(tmp_path):
     bin_dir = Path(sys.executable).parent
     port = _free_port()
-    env = {**os.environ, "PYTHONPATH": str(EXAMPLES), "DASK_LOGGING__DISTRIBUTED": "warning"}
+    # the examples, then this checkout's mdata (not whichever mdata the environment installed)
+    paths = [str(EXAMPLES), str(EXAMPLES.parents[1])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "DASK_LOGGING__DISTRIBUTED": "warning"}
     serve = subprocess.Popen(
         [sys.executable, str(EXAMPLES / "serve.py"), "--data", str(tmp_path / "quickstart"),
          "--port", str(port), "--dp", "2", "--steps", "3"],

@@ -69,11 +69,15 @@ STORY = m.StoryReply((m.StoryOccurrence(3, ({"event": "planned", "step": 1, "dp_
 LINEAGE = m.LineageReply(samples={"0": {"0": [[0, 1, 17], [1, 0, 3]], "1": []}}, forgotten_before=0,
                          exactly_once=m.ExactlyOnce(ok=False, samples=2, skipped=0, problems=("gap",)))
 
+PLAN_SPEC = {"mdata_plan": 1, "sources": ["chat", "code"],
+             "mixture": {"type": "static", "weights": {"chat": 1.0, "code": 3.0}},
+             "balance": {"micro_batches": 1, "max_tokens": 64, "global_batch": 4}}
+
 MESSAGES = [
     m.OkReply(),
-    m.RegisterJobRequest(job="pretrain", plan=b"\x80\x04pickled plan", checkpoint=checkpoint().to_dict()),
-    m.RegisterJobRequest(job="pretrain", plan=b"\x80\x04pickled plan"),
-    m.RegisterJobRequest(job="pretrain", plan=b"\x80\x04pickled plan", checkpoint=checkpoint().to_dict(),
+    m.RegisterJobRequest(job="pretrain", plan=PLAN_SPEC, checkpoint=checkpoint().to_dict()),
+    m.RegisterJobRequest(job="pretrain", plan=PLAN_SPEC),
+    m.RegisterJobRequest(job="pretrain", plan=PLAN_SPEC, checkpoint=checkpoint().to_dict(),
                          accept_appended_shards=True, allow_mixture_change=False),
     m.JobInfoRequest("pretrain"),
     INFO,
@@ -206,8 +210,10 @@ def test_construct_spec_has_every_field_required_and_survives_the_task_pickle():
     (m.AckRequest, {"job": "j", "rank": True, "step": 1}, r"AckRequest.*'rank' must be an integer, got bool"),
     (m.ReportMetricsRequest, {"job": "j", "rank": 0, "step": 1, "metrics": {"loss": "high"}},
      r"ReportMetricsRequest.*'metrics\[loss\]' must be a number"),
-    (m.RegisterJobRequest, {"job": "j", "plan": "not bytes", "checkpoint": None},
-     r"RegisterJobRequest.*'plan' must be bytes"),
+    (m.RegisterJobRequest, {"job": "j", "plan": "not a spec", "checkpoint": None},
+     r"RegisterJobRequest.*'plan' must be a dict"),
+    (m.RegisterJobRequest, {"job": "j", "plan": pickle.dumps({"a": 1}), "checkpoint": None},
+     r"RegisterJobRequest.*'plan' is bytes \(a pickled Plan\?\): mdata never unpickles"),
     (m.BatchLocationReply, {"status": "done"}, r"BatchLocationReply.*'status' must be one of \['OK'"),
     (m.BatchLocationReply, {"status": "failed"}, r"BatchLocationReply.*'reason' is missing"),
     (m.BatchLocationReply, {**location().to_msg(), "status": "OK", "checkpoint": {"version": 99}},
