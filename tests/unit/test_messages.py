@@ -331,11 +331,11 @@ def test_serve_and_ask_speak_through_a_real_dask_server():
 
 
 def test_resume_options_are_false_when_a_sender_leaves_them_out():
-    register = m.RegisterJobRequest(job="j", plan=b"p").to_msg()
+    register = m.RegisterJobRequest(job="j", plan=PLAN_SPEC).to_msg()
     attach = m.AttachRequest(job="j", rank=0, client="c", token="t", host="h", pid=1).to_msg()
     for msg in (register, attach):
         del msg["accept_appended_shards"], msg["allow_mixture_change"]
-    assert m.RegisterJobRequest.from_msg(register) == m.RegisterJobRequest(job="j", plan=b"p")
+    assert m.RegisterJobRequest.from_msg(register) == m.RegisterJobRequest(job="j", plan=PLAN_SPEC)
     assert not m.AttachRequest.from_msg(attach).allow_mixture_change
     with pytest.raises(MessageError, match=r"'allow_mixture_change' must be true or false"):
         m.AttachRequest.from_msg({**attach, "allow_mixture_change": "yes"})
