@@ -16,12 +16,14 @@ from typing import Any
 
 from mdata.errors import MdataError
 from mdata.sources import Source, default_reader_cache, load_chunk
+from mdata.spec import SourceSpec
 from mdata.wire.messages import SetRoleReply, SetRoleRequest
+from workers.loader import build_source
 
 logger = logging.getLogger("mdata.standby")
 
 
-def warm_sources_task(sources: list[Source]) -> dict[str, dict[str, Any]]:
+def warm_sources_task(sources: list[Source | SourceSpec]) -> dict[str, dict[str, Any]]:
     """Dask task body (pinned to one standby): open ``sources`` in this process.
 
     Opens at most the reader cache's capacity, shared among the sources (more would only evict
@@ -30,20 +32,21 @@ def warm_sources_task(sources: list[Source]) -> dict[str, dict[str, Any]]:
     cache = default_reader_cache()
     share = max(1, cache.max_readers // max(1, len(sources)))
     out: dict[str, dict[str, Any]] = {}
-    for source in sources:
+    for spec in sources:
         began = time.perf_counter()
         try:
+            source = build_source(spec)  # the scheduler sends specs: the transform is imported here
             shards = cache.listing(source).shards
             for info in shards[:share]:
                 cache.reader(source, info.index)
             first = next((info for info in shards if info.num_rows > 0), None)
             if first is not None:  # one row through the transform: tokenizer, decoder, imports
                 load_chunk(source, first.index, 0, 1, cache=cache)
-            out[source.name] = {"shards": len(shards), "readers": min(share, len(shards)),
+            out[spec.name] = {"shards": len(shards), "readers": min(share, len(shards)),
                                 "seconds": time.perf_counter() - began}
         except MdataError as exc:
-            logger.warning("warming source %r on a standby failed: %s", source.name, exc)
-            out[source.name] = {"error": str(exc), "seconds": time.perf_counter() - began}
+            logger.warning("warming source %r on a standby failed: %s", spec.name, exc)
+            out[spec.name] = {"error": str(exc), "seconds": time.perf_counter() - began}
     return out
 
 
