@@ -41,9 +41,9 @@ AXES: tuple[str, ...] = ("dp", "pp", "cp", "tp")
 #: ``"tp"`` (only TP rank 0 of each group receives), ``"cp"`` (only CP rank 0 receives whole
 #: sequences and broadcasts them; each CP rank cuts its slice), or ``None`` (every rank receives
 #: its own copy). Pipeline stages need different fields, so ``"pp"`` is no broadcast axis.
-BroadcastAxis = Literal["tp", "cp"] | None
+BroadcastAxis = Literal["tp", "cp", "pp"] | None
 
-_BROADCAST_AXES = ("tp", "cp")
+_BROADCAST_AXES = ("tp", "cp", "pp")
 
 
 class MeshCoordinate(NamedTuple):
@@ -126,7 +126,8 @@ class RankRole:
 
         With ``axis=None`` every rank receives its own copy. With ``"tp"`` only TP rank 0 of each
         TP group receives and the trainer broadcasts to the other TP ranks on the GPU (one copy over
-        the network per TP group instead of ``tp``); ``"cp"`` likewise for CP rank 0.
+        the network per TP group instead of ``tp``); ``"cp"`` likewise for CP rank 0, ``"pp"`` for
+        the first pipeline stage.
         """
         _check_broadcast_axis(axis)
         if axis is None:
@@ -139,14 +140,16 @@ class RankRole:
 
         A receiver gets everything the ranks it broadcasts to need: under ``"tp"`` its TP group
         needs one identical copy (its own CP slice, its stage's fields); under ``"cp"`` its CP group
-        needs every slice, so it gets the whole sequence (``cp_rank=None``).
+        needs every slice, so it gets the whole sequence (``cp_rank=None``); under ``"pp"`` its
+        pipeline group needs the first stage's inputs and the last stage's labels, so it gets both.
         """
         if not self.is_broadcast_source(axis):
             return None
+        whole_pipeline = axis == "pp"
         return Delivery(
             cp_rank=None if axis == "cp" else self.cp_rank,
-            receives_tokens=self.receives_tokens,
-            receives_labels=self.receives_labels,
+            receives_tokens=self.receives_tokens or whole_pipeline,
+            receives_labels=self.receives_labels or whole_pipeline,
         )
 
 
@@ -339,13 +342,15 @@ class ClientPlaceTree:
         """Ranks (sorted) of DP group ``dp_rank`` that the constructor sends data to.
 
         Middle PP stages are included: they receive metadata. With ``broadcast_at="tp"`` only TP
-        rank 0 of each TP group receives; with ``"cp"`` only CP rank 0.
+        rank 0 of each TP group receives; with ``"cp"`` only CP rank 0; with ``"pp"`` only the
+        first pipeline stage.
         """
         _check_broadcast_axis(broadcast_at)
         dp_rank = self._check_dp_rank(dp_rank)
+        pp = np.arange(1 if broadcast_at == "pp" else self.pp)
         cp = np.arange(1 if broadcast_at == "cp" else self.cp)
         tp = np.arange(1 if broadcast_at == "tp" else self.tp)
-        return self._group_ranks(dp_rank, np.arange(self.pp), cp, tp)
+        return self._group_ranks(dp_rank, pp, cp, tp)
 
     def delivery(self, rank: int, broadcast_at: BroadcastAxis = None) -> Delivery | None:
         """What ``rank`` receives from the constructor (see :meth:`RankRole.delivery`)."""
@@ -356,7 +361,7 @@ class ClientPlaceTree:
         when it receives from the constructor itself.
 
         That is rank 0 along the broadcast axis with ``rank``'s other coordinates: the receiver of
-        its TP group (``"tp"``) or of its CP group (``"cp"``).
+        its TP group (``"tp"``), of its CP group (``"cp"``) or of its pipeline (``"pp"``).
         """
         _check_broadcast_axis(broadcast_at)
         coord = self.coordinate(rank)

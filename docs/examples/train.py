@@ -33,7 +33,7 @@ def main() -> None:
             dist.all_reduce(tokens)  # every rank waits for the slowest, as in real training
             print(f"rank {rank} step {batch['step']}: {len(batch['micro_batches'])} micro-batches, "
                   f"{int(tokens.item())} tokens over all ranks", flush=True)
-        state = loader.state_dict()  # save it with the model; Loader(..., checkpoint=state["checkpoint"])
+        state = loader.state_dict()  # save it with the model; resume with Loader(..., checkpoint=state)
     print(f"rank {rank} resumes at step {state['next_step']}", flush=True)
     dist.destroy_process_group()
 

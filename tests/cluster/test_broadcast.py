@@ -154,3 +154,47 @@ def test_broadcast_at_tp_receivers_get_what_their_tp_group_needs(runs):
             got = whole_sequences(tp, step, dp, 0)
             want = whole_sequences(base, step, dp, 0)
             assert [digest(*g.values()) for g in got] == [digest(*w.values()) for w in want]
+
+
+PP_MESH = ClientPlaceTree(dp=2, pp=2)
+
+
+def keep_present(batch: dict) -> dict:
+    """Like :func:`keep`, for pipeline meshes: each stage holds only the fields it needs."""
+    if batch["micro_batches"] is None:
+        return {"step": batch["step"], "broadcast_from": batch["broadcast_from"]}
+    return {"step": batch["step"], "sample_ids": batch["sample_ids"].numpy().copy(),
+            "micro_batches": [{n: mb[n].numpy().copy() for n in ("input_ids", "labels") if n in mb}
+                              for mb in batch["micro_batches"]]}
+
+
+def test_broadcast_at_pp_first_stage_gets_inputs_and_labels_of_its_pipeline(
+        mdata_cluster, example_sources_small):
+    """Under broadcast_at("pp") only the first stage receives, and it holds what every stage of its
+    pipeline needs: the first stage's input_ids and the last stage's labels, token for token."""
+    from distributed import Client
+
+    plan = make_plan(example_sources_small).distribute(PP_MESH)
+    got = {}
+    with Client(mdata_cluster.scheduler_address, set_as_default=False,
+                direct_to_workers=True) as client:
+        for axis in (None, "pp"):
+            job = f"bcast-pipeline-{axis}"
+            submit_job(client, plan.broadcast_at(axis), job=job)
+            got[axis] = run_loaders(client, job=job, world_size=PP_MESH.world_size, steps=STEPS,
+                                    keep=keep_present)
+            client.sync(client.scheduler.mdata_close_job, job=job)
+    for rank in range(PP_MESH.world_size):
+        coord = PP_MESH.coordinate(rank)
+        for step in range(STEPS):
+            item = got["pp"][rank][step]
+            if coord.pp != 0:
+                assert item == {"step": step, "broadcast_from": PP_MESH.rank(coord._replace(pp=0))}
+                continue
+            first = got[None][rank][step]
+            last = got[None][PP_MESH.rank(coord._replace(pp=PP_MESH.pp - 1))][step]
+            assert np.array_equal(item["sample_ids"], first["sample_ids"])
+            for mb, f, la in zip(item["micro_batches"], first["micro_batches"],
+                                 last["micro_batches"], strict=True):
+                assert np.array_equal(mb["input_ids"], f["input_ids"])
+                assert np.array_equal(mb["labels"], la["labels"])

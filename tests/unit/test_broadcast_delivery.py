@@ -82,7 +82,7 @@ def same_arrays(a: Batch, b: Batch) -> bool:
 
 
 @pytest.mark.parametrize("mesh", MESHES, ids=lambda m: f"dp{m.dp}pp{m.pp}cp{m.cp}tp{m.tp}-{m.order}")
-@pytest.mark.parametrize("axis", ["tp", "cp"])
+@pytest.mark.parametrize("axis", ["tp", "cp", "pp"])
 def test_receivers_cover_every_planned_token_as_without_broadcast(mesh, axis):
     for d in range(mesh.dp):
         dp = planned_batch(d, mesh.cp)
@@ -95,10 +95,11 @@ def test_receivers_cover_every_planned_token_as_without_broadcast(mesh, axis):
 
 
 @pytest.mark.parametrize("mesh", MESHES, ids=lambda m: f"dp{m.dp}pp{m.pp}cp{m.cp}tp{m.tp}-{m.order}")
-@pytest.mark.parametrize("axis", ["tp", "cp"])
+@pytest.mark.parametrize("axis", ["tp", "cp", "pp"])
 def test_every_rank_gets_its_own_view_from_its_broadcast_source(mesh, axis):
     """A TP source holds exactly what its TP group needs; a CP source holds the whole sequence, from
-    which each CP rank cuts exactly the slice the constructor would have sent it."""
+    which each CP rank cuts exactly the slice the constructor would have sent it; a PP source (the
+    first stage) holds its CP slice with inputs and labels, so every stage finds its own fields."""
     for d in range(mesh.dp):
         dp = planned_batch(d, mesh.cp, seed=5)
         for rank in mesh.dp_group(d):
@@ -108,16 +109,21 @@ def test_every_rank_gets_its_own_view_from_its_broadcast_source(mesh, axis):
             if axis == "tp":
                 assert held.cp_rank == mesh.coordinate(rank).cp
                 assert same_arrays(held, own), rank
+            elif axis == "pp":
+                assert held.cp_rank == own.cp_rank and held.receives_tokens and held.receives_labels
+                for mine, theirs in zip(own.micro_batches, held.micro_batches, strict=True):
+                    assert np.array_equal(mine.sample_ids, theirs.sample_ids), rank
+                    assert all(np.array_equal(mine[n], theirs[n]) for n in mine.names), rank
             else:
                 assert held.is_whole and held.cp == mesh.cp
                 assert same_arrays(held.cp_slice(mesh.coordinate(rank).cp), own), rank
 
 
-def test_pipeline_is_no_broadcast_axis():
+def test_an_unknown_axis_is_refused():
     mesh = MESHES[0]
-    for ask in (lambda: mesh.delivery(0, "pp"), lambda: mesh.broadcast_source(0, "pp"),
-                lambda: mesh.receivers(0, "pp")):
-        with pytest.raises(MeshError, match="broadcast_at='pp'"):
+    for ask in (lambda: mesh.delivery(0, "dp"), lambda: mesh.broadcast_source(0, "dp"),
+                lambda: mesh.receivers(0, "dp")):
+        with pytest.raises(MeshError, match="broadcast_at='dp'"):
             ask()
 
 
@@ -129,7 +135,9 @@ def test_delivery_and_broadcast_source_of_single_ranks():
     assert mesh.delivery(2, "cp") is None and mesh.broadcast_source(2, "cp") == 0
     assert mesh.delivery(9, "cp") == Delivery(None, False, True)
     assert mesh.broadcast_source(15, "cp") == 13 and mesh.broadcast_source(15, None) is None
-    for axis in (None, "tp", "cp"):
+    assert mesh.delivery(13, "pp") is None and mesh.broadcast_source(13, "pp") == 5
+    assert mesh.delivery(5, "pp") == Delivery(0, True, True)
+    for axis in (None, "tp", "cp", "pp"):
         for d in range(mesh.dp):
             assert mesh.receivers(d, axis) == tuple(
                 r for r in mesh.dp_group(d) if mesh.broadcast_source(r, axis) is None)

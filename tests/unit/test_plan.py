@@ -54,7 +54,7 @@ def test_plan_is_immutable():
         (lambda: Plan(["web"]).distribute(ClientPlaceTree(dp=4))
          .balance(micro_batches=1, max_tokens=8, global_batch=3), PlanError, "cannot feed 4 DP ranks"),
         (lambda: Plan(["web"]).distribute("dp=4"), PlanError, "takes a ClientPlaceTree"),
-        (lambda: Plan(["web"]).broadcast_at("pp"), MeshError, "broadcast_at='pp'"),
+        (lambda: Plan(["web"]).broadcast_at("dp"), MeshError, "broadcast_at='dp'"),
         (lambda: Plan(["web"]).cost(3), PlanError, "must be callable"),
         (lambda: Plan(["web"]).seed(-1), PlanError, "seed must be an int >= 0"),
         (lambda: Plan(["web"]).validate(), PlanError, r"call \.mix"),
