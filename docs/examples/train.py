@@ -1,6 +1,10 @@
 """One trainer rank. Start one per GPU with torchrun, which sets RANK and WORLD_SIZE:
 
     torchrun --nproc-per-node 2 docs/examples/train.py --scheduler tcp://127.0.0.1:8786 --steps 5
+
+With ``--plan PLAN.yaml`` the first rank to arrive registers the job from the plan file (the
+others find it registered); without it the job must be registered already (serve.py, or
+``mdata cluster up --plan PLAN.yaml --job NAME``).
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ import argparse
 import torch
 import torch.distributed as dist
 
+from mdata.plan import Plan
 from mdata.trainer import Loader
 
 
@@ -18,12 +23,14 @@ def main() -> None:
     parser.add_argument("--scheduler", required=True, help="the mdata scheduler's address")
     parser.add_argument("--job", default="quickstart")
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--plan", default=None, help="a plan file (YAML) to register the job from")
     args = parser.parse_args()
+    plan = None if args.plan is None else Plan.from_file(args.plan)
 
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     rank = dist.get_rank()
     device = torch.device("cuda", rank % torch.cuda.device_count()) if torch.cuda.is_available() else None
-    with Loader(args.scheduler, job=args.job, steps=args.steps, device=device) as loader:
+    with Loader(args.scheduler, job=args.job, plan=plan, steps=args.steps, device=device) as loader:
         for batch in loader:
             tokens = torch.zeros(1)
             for mb in batch["micro_batches"]:

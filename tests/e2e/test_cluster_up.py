@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -93,6 +94,27 @@ def test_cluster_up_with_a_plan_file_serves_the_users_own_sources(tmp_path):
         assert [b["step"] for b in batches] == [0, 1, 2]
         ids = {tuple(r) for b in batches for r in b["sample_ids"].tolist()}
         assert len(ids) == 18 and {s for s, _, _ in ids} == {0}  # source 0: notes, no repeats
+        # the same plan file drives a torchrun job (the documented trainer script): the rank's
+        # Loader above closed, so the torchrun rank takes it over where it stopped, at step 3
+        examples = Path(__file__).resolve().parents[2] / "docs" / "examples"
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(examples), str(examples.parents[1])])}
+        train = subprocess.run(
+            [str(Path(sys.executable).with_name("torchrun")), "--nproc-per-node", "1",
+             "--master-port", str(_free_port()), str(examples / "train.py"),
+             "--scheduler", lines["scheduler"], "--job", "notes", "--plan", str(path),
+             "--steps", "2"],
+            capture_output=True, text=True, timeout=180, env=env)
+        assert train.returncode == 0, train.stdout[-3000:] + train.stderr[-3000:]
+        assert "rank 0 step 3:" in train.stdout and "rank 0 step 4:" in train.stdout
+        assert "rank 0 resumes at step 5" in train.stdout
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == 0
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
