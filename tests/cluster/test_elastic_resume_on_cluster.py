@@ -1,5 +1,6 @@
 """Elastic resume on a live cluster: a checkpoint of a DP 4 job resumes as DP 2 and as DP 8 (new
-jobs, same cluster) with the same samples in every step as the uninterrupted DP 4 run; a mixture
+jobs, same cluster) with the same samples in every step as the uninterrupted DP 4 run, and with
+half the global batch continuing every source's order; a mixture
 change is refused unless allowed, and then exact from the first step without repeating a sample;
 shards appended to a source are refused unless accepted, and then read after the known ones.
 What trainers received is compared, never lineage alone."""
@@ -152,3 +153,25 @@ def test_appended_shards_are_refused_unless_accepted_then_read_after_the_known_o
     assert not set(seen) & set(after) and len(set(after)) == len(after)
     assert all(shard < len(shards) for _, shard, _ in after)  # the known epoch continues first
     close(client, "elastic-grow", "elastic-grown-refused", "elastic-grown")
+
+
+def test_a_dp4_checkpoint_resumes_with_another_global_batch_continuing_every_source(
+        client, text_sources, dp4_run):
+    """Half the global batch on DP 2: each source's order continues from its cursor, so the steps
+    after the resume hold, together, exactly the samples the uninterrupted run took after the
+    checkpoint (equal weights divide both batches evenly), and none taken before it."""
+    plan, reference, states = dp4_run
+    job = "elastic-half-batch"
+    half = BATCH // 2
+    resumed = resume_loaders(client, job=job, plan=plan_for(text_sources, dp=2, global_batch=half),
+                             world_size=2, steps=2 * AFTER, states=states)
+    got = per_step(resumed)
+    assert list(got) == list(range(BEFORE, BEFORE + 2 * AFTER))
+    assert all(len(v) == half for v in got.values())
+    taken = [s for samples in got.values() for s in samples]
+    assert len(taken) == len(set(taken)), "a sample repeated after the resume"
+    before = {s for step in range(BEFORE) for s in reference[step]}
+    after = {s for step in range(BEFORE, BEFORE + AFTER) for s in reference[step]}
+    assert not before & set(taken), "a sample of the steps before the checkpoint came again"
+    assert set(taken) == after, "a source's order did not continue from its cursor"
+    close(client, job)
