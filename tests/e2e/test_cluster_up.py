@@ -24,18 +24,9 @@ def test_cluster_up_prints_addresses_and_serves_trainers(example_corpus):
 
     from mdata.data.example import example_sources
 
-    mdata = Path(sys.executable).with_name("mdata")
-    proc = subprocess.Popen(
-        [str(mdata), "cluster", "up", "--data", str(example_corpus), "--port", "0",
-         "--dashboard-address", "127.0.0.1:0"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    proc = cluster_up("--data", str(example_corpus))
     try:
-        lines = {}
-        for line in proc.stdout:
-            key, _, value = line.partition(": ")
-            lines[key] = value.strip()
-            if line.startswith("press Ctrl-C"):
-                break
+        lines = printed_lines(proc)
         address = lines["scheduler"]
         assert address.startswith("tcp://127.0.0.1:")
         assert lines["dashboard"].startswith("http://127.0.0.1:")
@@ -75,18 +66,9 @@ def test_cluster_up_with_a_plan_file_serves_the_users_own_sources(tmp_path):
             .distribute(ClientPlaceTree(dp=1)).seed(9))
     path = plan.to_file(tmp_path / "notes.yaml")
 
-    mdata = Path(sys.executable).with_name("mdata")
-    proc = subprocess.Popen(
-        [str(mdata), "cluster", "up", "--plan", str(path), "--job", "notes", "--port", "0",
-         "--dashboard-address", "127.0.0.1:0"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    proc = cluster_up("--plan", str(path), "--job", "notes")
     try:
-        lines = {}
-        for line in proc.stdout:
-            key, _, value = line.partition(": ")
-            lines[key] = value.strip()
-            if line.startswith("press Ctrl-C"):
-                break
+        lines = printed_lines(proc)
         assert "notes" in lines["pools"] and "chat" not in lines["pools"]
         assert lines["job"] == f"notes (fingerprint {plan.fingerprint()}, world size 1)"
         with Loader(lines["scheduler"], job="notes", rank=0, world_size=1, steps=3, timeout=60) as loader:
@@ -118,3 +100,23 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def cluster_up(*args: str) -> subprocess.Popen:
+    """``mdata cluster up ARGS`` on free ports, its output readable line by line."""
+    mdata = Path(sys.executable).with_name("mdata")
+    return subprocess.Popen(
+        [str(mdata), "cluster", "up", *args, "--port", "0", "--dashboard-address", "127.0.0.1:0"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
+
+def printed_lines(proc: subprocess.Popen) -> dict[str, str]:
+    """What ``mdata cluster up`` printed until it waits (``key: value`` per line)."""
+    lines = {}
+    for line in proc.stdout:
+        key, _, value = line.partition(": ")
+        lines[key] = value.strip()
+        if line.startswith("press Ctrl-C"):
+            break
+    return lines
+
