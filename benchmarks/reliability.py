@@ -20,7 +20,6 @@ Figures are medians over repetitions (one in ``--quick``); the machine is noisy.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import signal
 import statistics
@@ -28,6 +27,7 @@ import time
 from collections import Counter
 
 from benchmarks.harness import figure
+from benchmarks.lockstep import token_hash
 from benchmarks.reliability_loader import loader_kill_stall
 from benchmarks.reliability_storage import storage_outage_recovery
 from benchmarks.workload import corpus_dir
@@ -50,10 +50,7 @@ def _plan(sources) -> Plan:
 
 
 def _received(batch) -> tuple:
-    digest = hashlib.sha1()
-    for mb in batch["micro_batches"]:
-        digest.update(mb["input_ids"].numpy().tobytes())
-    return batch["step"], tuple(map(tuple, batch["sample_ids"].tolist())), digest.hexdigest()
+    return batch["step"], tuple(map(tuple, batch["sample_ids"].tolist())), token_hash(batch)
 
 
 def _drive(client, plan, job: str, steps: int, *, fault_at: int | None = None, fault=None,

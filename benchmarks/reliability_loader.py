@@ -18,7 +18,6 @@ Planner promotes the standby, whose process already holds the sources open (mdat
 
 from __future__ import annotations
 
-import hashlib
 import os
 import signal
 import statistics
@@ -27,6 +26,8 @@ import time
 from collections import Counter
 from contextlib import ExitStack
 from typing import Any
+
+from benchmarks.lockstep import drive_in_lockstep, token_hash
 
 __all__ = ["loader_kill_stall"]
 
@@ -110,13 +111,6 @@ def _text_plan(sources):
             .distribute(ClientPlaceTree(dp=2)).seed(3).window(2))
 
 
-def _batch_digest(batch) -> tuple[list, str]:
-    digest = hashlib.sha1()
-    for mb in batch["micro_batches"]:
-        digest.update(mb["input_ids"].numpy().tobytes())
-    return batch["sample_ids"].tolist(), digest.hexdigest()
-
-
 def _pool_loaders(client) -> list[str]:
     return [a for a, w in client.scheduler_info()["workers"].items()
             if any(r.startswith("pool_") and n > 0 for r, n in w.get("resources", {}).items())]
@@ -171,48 +165,21 @@ def _watch_reload(client, keys: list, into: dict, timeout: float = 120.0) -> Non
 
 
 def _drive_in_lockstep(client, job: str, steps: int, step_s: float, *, kill_at: int | None = None) -> dict:
-    """Two ranks in threads, in lockstep like a training loop's collective; kill before
-    ``kill_at``. Per rank and step: (step, sample ids, token hash, seconds blocked)."""
-    from mdata.trainer import Loader
-
-    ranks: dict[int, list] = {0: [], 1: []}
+    """Two ranks in lock step (:mod:`benchmarks.lockstep`); kill the loader before ``kill_at``.
+    Per rank and step: (step, sample ids, token hash, seconds blocked)."""
     killed: dict[str, Any] = {}
-    errors: list[BaseException] = []
-    step_of = [0]
 
-    def between_steps() -> None:  # one thread runs it while both ranks wait at the barrier
-        step_of[0] += 1
-        if kill_at is not None and step_of[0] == kill_at:
+    def between(meeting: int) -> None:
+        if kill_at is not None and meeting == kill_at:
             kill_loader(client, job, killed)
 
-    barrier = threading.Barrier(2, action=between_steps)
-
-    def rank_loop(rank: int) -> None:
-        try:
-            with Loader(client, job=job, rank=rank, world_size=2, timeout=120) as loader:
-                it = iter(loader)
-                for _ in range(steps):
-                    began = time.perf_counter()
-                    batch = next(it)
-                    waited = time.perf_counter() - began
-                    ranks[rank].append((batch["step"], *_batch_digest(batch), waited))
-                    time.sleep(step_s)  # the training step
-                    barrier.wait(timeout=300)
-                loader.mark_consumed()
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
-            errors.append(exc)
-            barrier.abort()
-
-    threads = [threading.Thread(target=rank_loop, args=(r,)) for r in (0, 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    got = drive_in_lockstep(
+        client, job, steps=steps, step_s=step_s, between=between,
+        keep=lambda batch: (batch["step"], batch["sample_ids"].tolist(), token_hash(batch)))
     if killed:
         killed.pop("watcher").join()
-    if errors:
-        raise errors[0]
-    return {"ranks": ranks, "killed": killed}
+    return {"ranks": {r: [(*kept, waited) for kept, waited in rows] for r, rows in got.items()},
+            "killed": killed}
 
 
 def _stall(got: dict, reference: dict, kill_at: int) -> float:

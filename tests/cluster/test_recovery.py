@@ -5,13 +5,13 @@ uninterrupted run of the same plan (sample ids and a hash of the tokens), never 
 
 from __future__ import annotations
 
-import hashlib
 import os
 import signal
 import time
 
 import pytest
 
+from benchmarks.lockstep import token_hash
 from conftest import run_loaders
 from mdata.driver import submit_job
 from mdata.errors import RankTakenError, ResumeMismatchError, StaleGenerationError
@@ -23,10 +23,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 
 def received(batch) -> tuple:
     """What a trainer got at one step: step, sample ids and a hash of every token it received."""
-    digest = hashlib.sha1()
-    for mb in batch["micro_batches"]:
-        digest.update(mb["input_ids"].numpy().tobytes())
-    return batch["step"], batch["sample_ids"].tolist(), digest.hexdigest()
+    return batch["step"], batch["sample_ids"].tolist(), token_hash(batch)
 
 
 def close(client, *jobs: str) -> None:

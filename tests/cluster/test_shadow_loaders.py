@@ -6,16 +6,14 @@ loader becomes the pool's new standby."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import signal
-import threading
 import time
 
 import pytest
 
+from benchmarks.lockstep import drive_in_lockstep, token_hash
 from mdata.driver import submit_job
-from mdata.trainer import Loader
 from test_failures import plan_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
@@ -82,50 +80,19 @@ def reader_stats(client, address: str) -> dict:
 
 
 def received(batch) -> tuple:
-    digest = hashlib.sha1()
-    for mb in batch["micro_batches"]:
-        digest.update(mb["input_ids"].numpy().tobytes())
-    return batch["step"], batch["sample_ids"].tolist(), digest.hexdigest()
+    return batch["step"], batch["sample_ids"].tolist(), token_hash(batch)
 
 
 def drive(client, job: str, *, kill=None) -> dict[int, list]:
     """Two Loaders in threads that spend STEP_S per step and meet after each (as a collective
     would); ``kill`` runs once between steps KILL_AT-1 and KILL_AT. Per rank and step: what it
     received and how long it was blocked on the batch."""
-    got: dict[int, list] = {0: [], 1: []}
-    errors: list[BaseException] = []
-    meetings = [0]
-
-    def between_steps() -> None:
-        meetings[0] += 1
-        if kill is not None and meetings[0] == KILL_AT:
+    def between(meeting: int) -> None:
+        if kill is not None and meeting == KILL_AT:
             kill()
 
-    barrier = threading.Barrier(2, action=between_steps)
-
-    def rank_loop(rank: int) -> None:
-        try:
-            with Loader(client, job=job, rank=rank, world_size=2, timeout=120) as loader:
-                it = iter(loader)
-                for _ in range(STEPS):
-                    began = time.perf_counter()
-                    batch = next(it)
-                    got[rank].append((received(batch), time.perf_counter() - began))
-                    time.sleep(STEP_S)
-                    barrier.wait(timeout=240)
-                loader.mark_consumed()
-        except BaseException as exc:  # noqa: BLE001 - re-raised below in the test thread
-            errors.append(exc)
-            barrier.abort()
-
-    threads = [threading.Thread(target=rank_loop, args=(r,)) for r in (0, 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(300)
-    if errors:
-        raise errors[0]
-    return got
+    return drive_in_lockstep(client, job, steps=STEPS, step_s=STEP_S, keep=received,
+                             between=between)
 
 
 def test_a_warm_standby_takes_over_a_killed_loaders_chunks(standby_cluster):
