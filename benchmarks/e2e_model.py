@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["GPU", "Node", "PipelineTimes", "VLM", "VLMFlops", "MODELS", "one_f_one_b",
+__all__ = ["GPU", "Node", "PipelineTimes", "VLM", "MODELS", "planner_cost", "one_f_one_b",
            "stage_seconds", "step_breakdown"]
 
 
@@ -68,26 +68,21 @@ MODELS: dict[str, VLM] = {
 }
 
 
-@dataclass(frozen=True)
-class VLMFlops:
-    """The Planner's cost model for a :class:`VLM`: a sample's training FLOPs, in GFLOP.
+def planner_cost(model: VLM):
+    """The Planner's cost model for ``model``, in GFLOP, from mdata's built-in models.
 
-    mdata balances on the same FLOPs the simulated trainer spends (what a user gets by fitting
-    ``AttentionCost`` and ``ImagePatchCost`` to the model); GFLOP keeps the numbers small.
+    The language model's term is exact (``AttentionCost`` with ``a = 6 L h``, ``b = 6 N``). The
+    vision encoder's ``ImagePatchCost`` is linear, every patch attending over a full window:
+    exact for samples of at least ``vit_window`` patches, an over-estimate below (the captions).
+    The scheduler imports only mdata's cost models, so this is what a user would configure.
     """
+    from mdata.cost import AttentionCost, CombinedCost, ImagePatchCost
 
-    model: VLM = VLM()
-
-    @property
-    def name(self) -> str:
-        return f"vlm_flops[{self.model.name}]"
-
-    def describe(self) -> str:
-        return f"training GFLOP of {self.model.name} (LLM 6NT + attention, vision 6NP + attention)"
-
-    def __call__(self, num_tokens: np.ndarray, num_patches: np.ndarray) -> np.ndarray:
-        tok = np.asarray(num_tokens, dtype=np.float64)
-        return (self.model.llm_flops(tok) + self.model.vit_flops(num_patches)) / 1e9
+    return CombinedCost(
+        AttentionCost(a=6.0 * model.llm_layers * model.llm_hidden / 1e9, b=6.0 * model.llm_params / 1e9),
+        ImagePatchCost(per_patch=(6.0 * model.vit_params
+                                  + 12.0 * model.vit_layers * model.vit_hidden * model.vit_window) / 1e9),
+    )
 
 
 @dataclass(frozen=True)
