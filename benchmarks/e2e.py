@@ -24,6 +24,7 @@ bubbles, data stalls, and flops per token (how costly each system's samples are)
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import os
 import time
@@ -32,7 +33,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from benchmarks.baseline import IMAGE_TOKEN_ID, MixingPackingDataset, make_loader
-from benchmarks.e2e_data import WEIGHTS, e2e_metadata, e2e_sources, loader_cost_per_sample
+from benchmarks.e2e_data import E2E_DIR, WEIGHTS, e2e_metadata, e2e_sources, loader_cost_per_sample
 from benchmarks.e2e_model import GPU, MODELS, Node, VLM, planner_cost, one_f_one_b, stage_seconds
 from benchmarks.e2e_sim import Setup, simulate_both
 from benchmarks.harness import figure
@@ -42,6 +43,7 @@ __all__ = ["ProcessRun", "run", "run_processes"]
 SIM_GPUS = (1024, 2048, 4096, 8192)
 #: Cumulative (simulated seconds, tokens) of the last process run, for plots_e2e.py.
 _CURVES: dict[str, list] = {}
+CURVES_FILE = E2E_DIR / "last-run-curves.json"
 
 
 @dataclass(frozen=True)
@@ -286,7 +288,7 @@ def run(quick: bool) -> dict[str, object]:
     meta = e2e_metadata(sources)
     cost = loader_cost_per_sample(sources, chunks=1 if quick else 3)
     cores = float(len(os.sched_getaffinity(0)))
-    cfg = ProcessRun(cores_here=cores, steps=3 if quick else 8, micro_batches=2 if quick else 4,
+    cfg = ProcessRun(cores_here=cores, steps=3 if quick else 4, micro_batches=2 if quick else 4,
                      time_scale=0.1 if quick else 1.0)
     figures: dict[str, object] = {}
     measured = run_processes(cfg)
@@ -310,6 +312,8 @@ def run(quick: bool) -> dict[str, object]:
         for part in ("work", "bubble", "stall"):
             figures[f"e2e.seconds.{part}.{side}"] = x[part]
     _CURVES.update(mdata=ours["curve"], baseline=base["curve"])
+    CURVES_FILE.parent.mkdir(parents=True, exist_ok=True)
+    CURVES_FILE.write_text(json.dumps(_CURVES))
 
     steps = 2 if quick else 4
     default = Setup(weights=WEIGHTS)

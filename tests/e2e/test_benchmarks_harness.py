@@ -44,3 +44,28 @@ def test_quick_run_reports_mixture_and_balance_figures(tmp_path: Path) -> None:
         assert f"balance.speedup_vs_token_budget_baseline_{context}" in figures
     assert not [k for k in figures if k.endswith("_synthetic")]
     assert "| mixture.max_abs_deviation |" in proc.stdout
+
+
+def test_quick_run_reports_end_to_end_figures(tmp_path: Path) -> None:
+    """``--only e2e --quick``: both systems ran in processes, the at-scale simulation reported,
+    and the ratio's breakdown multiplies back to the ratio."""
+    out = tmp_path / "figures.json"
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/run.py", "--quick", "--only", "e2e", "--json", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    figures = json.loads(out.read_text())
+    assert figures["_not_measured"] == {}
+    for name in ("e2e.tokens_per_s", "e2e.tokens_per_s.baseline", "e2e.tokens_per_s.ratio"):
+        assert isinstance(figures[name], float) and figures[name] > 0, name
+    product = 1.0
+    for part in ("balance", "bubbles", "data_stalls", "flops_per_token"):
+        product *= figures[f"e2e.breakdown.{part}"]
+    assert abs(product - figures["e2e.tokens_per_s.ratio"]) < 1e-6 * product
+    for gpus in (1024, 2048):
+        assert figures[f"e2e.sim_ratio_{gpus}"] > 0
+    # Work and bubbles are never negative; each system trained something.
+    for side in ("mdata", "baseline"):
+        assert figures[f"e2e.seconds.work.{side}"] > 0
+        assert figures[f"e2e.seconds.bubble.{side}"] >= -1e-9
