@@ -276,6 +276,9 @@ def _sweep(base: Setup, meta, cost, steps: int) -> dict[str, float]:
         "mfu_0.2": dict(gpu=replace(base.gpu, mfu=0.2)), "mfu_0.6": dict(gpu=replace(base.gpu, mfu=0.6)),
         "loader_cores_per_gpu_1": dict(node=replace(base.node, trainer_cores_per_gpu=13.0)),
         "text_only_mix": dict(weights=text_only),
+        # where loading can matter at all: a small model on a node with few cores per GPU
+        "model_0.5b_loader_cores_per_gpu_1": dict(model=MODELS["llava-ov-0.5b"],
+                                                  node=replace(base.node, trainer_cores_per_gpu=13.0)),
     }
     out = {"default": simulate_both(base, meta, cost, steps)["ratio"]["ratio"]}
     for name, change in changes.items():
