@@ -35,7 +35,7 @@ import numpy as np
 from benchmarks.baseline import IMAGE_TOKEN_ID, MixingPackingDataset, make_loader
 from benchmarks.e2e_data import E2E_DIR, WEIGHTS, e2e_metadata, e2e_sources, loader_cost_per_sample
 from benchmarks.e2e_model import GPU, MODELS, Node, VLM, planner_cost, one_f_one_b, stage_seconds
-from benchmarks.e2e_sim import Setup, simulate_both
+from benchmarks.e2e_sim import Setup, mean_tokens, ratio_breakdown, simulate_both
 from benchmarks.harness import figure
 
 __all__ = ["ProcessRun", "run", "run_processes"]
@@ -154,9 +154,7 @@ def _plan(cfg: ProcessRun, sources, meta):
 
     setup = Setup(model=cfg.model, gpus=cfg.gpus, tp=1, pp=cfg.pp, cp=1, max_tokens=cfg.max_tokens,
                   tokens_per_step=cfg.dp * cfg.micro_batches * cfg.max_tokens, weights=WEIGHTS)
-    from benchmarks.e2e_sim import _mean_tokens
-
-    global_batch = max(cfg.dp, int(round(setup.tokens_per_step / _mean_tokens(setup, meta))))
+    global_batch = max(cfg.dp, int(round(setup.tokens_per_step / mean_tokens(setup, meta))))
     return (Plan(sources).mix(WEIGHTS).cost(planner_cost(cfg.model))
             .balance(micro_batches=cfg.micro_batches, max_tokens=cfg.max_tokens,
                      global_batch=global_batch)
@@ -264,8 +262,8 @@ def run_processes(cfg: ProcessRun) -> dict[str, dict]:
 
 
 
-def _sweep(base: Setup, meta, cost, steps: int) -> dict[str, float]:
-    """One parameter at a time around ``base``: the ratio under each change."""
+def _sweep(base: Setup, meta, cost, steps: int, quick: bool = False) -> dict[str, float]:
+    """One parameter at a time around ``base``: the ratio under each change (quick: three)."""
     text_only = {n: (1.0 if n in ("books", "code", "scenes") else 0.0) for n in WEIGHTS}
     changes = {
         "model_0.5b": dict(model=MODELS["llava-ov-0.5b"]),
@@ -280,6 +278,8 @@ def _sweep(base: Setup, meta, cost, steps: int) -> dict[str, float]:
         "model_0.5b_loader_cores_per_gpu_1": dict(model=MODELS["llava-ov-0.5b"],
                                                   node=replace(base.node, trainer_cores_per_gpu=13.0)),
     }
+    if quick:
+        changes = {k: changes[k] for k in ("model_0.5b", "text_only_mix")}
     out = {"default": simulate_both(base, meta, cost, steps)["ratio"]["ratio"]}
     for name, change in changes.items():
         out[name] = simulate_both(replace(base, **change), meta, cost, steps)["ratio"]["ratio"]
@@ -291,13 +291,11 @@ def run(quick: bool) -> dict[str, object]:
     meta = e2e_metadata(sources)
     cost = loader_cost_per_sample(sources, chunks=1 if quick else 3)
     cores = float(len(os.sched_getaffinity(0)))
-    cfg = ProcessRun(cores_here=cores, steps=3 if quick else 4, micro_batches=2 if quick else 4,
+    cfg = ProcessRun(cores_here=cores, steps=2 if quick else 4, micro_batches=2 if quick else 4,
                      time_scale=0.1 if quick else 1.0)
     figures: dict[str, object] = {}
     measured = run_processes(cfg)
     ours, base = measured["mdata"], measured["baseline"]
-    from benchmarks.e2e_sim import ratio_breakdown
-
     split = ratio_breakdown(ours, base)
     setup_note = (f"{cfg.model.name} on {cfg.gpus} simulated {cfg.gpu.name} (dp {cfg.dp} x pp {cfg.pp}), "
                   f"{cfg.micro_batches} x {cfg.max_tokens} tokens per DP rank, {cfg.steps} steps; "
@@ -332,7 +330,7 @@ def run(quick: bool) -> dict[str, object]:
                   f"flops/token {r['flops_per_token']:.3f}"))
         for part in ("balance", "bubbles", "data_stalls", "flops_per_token"):
             figures[f"e2e.sim_breakdown_{gpus}.{part}"] = r[part]
-    for name, ratio in _sweep(default, meta, cost, 1 if quick else 2).items():
+    for name, ratio in _sweep(default, meta, cost, 1 if quick else 2, quick).items():
         figures[f"e2e.sensitivity.{name}"] = figure(ratio, note="sim ratio at 1,024 GPUs, one change")
     for name, c in cost.items():
         figures[f"e2e.loader_cpu_ms_per_sample.{name}"] = 1e3 * c

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -36,7 +36,7 @@ from mdata.planner.events import BatchConsumed, ChunkLoaded, Tick
 from mdata.planner.instructions import ConstructBatch, JobFailed, LoadChunk, StepReady
 from mdata.planner.state import PlannerState
 
-__all__ = ["Setup", "simulate_both", "ratio_breakdown"]
+__all__ = ["Setup", "mean_tokens", "ratio_breakdown", "simulate_both"]
 
 
 @dataclass(frozen=True)
@@ -67,8 +67,8 @@ class Setup:
 def _mdata_steps(setup: Setup, meta: dict[str, SourceMetadata], steps: int):
     """Per step, per DP rank: list of (tokens, patches) arrays per micro-batch, from the Planner."""
     names = tuple(meta)
-    mean_tokens = _mean_tokens(setup, meta)
-    global_batch = max(setup.dp, int(round(setup.tokens_per_step / mean_tokens)))
+    per_sample = mean_tokens(setup, meta)
+    global_batch = max(setup.dp, int(round(setup.tokens_per_step / per_sample)))
     plan = (Plan(list(names)).mix(dict(setup.weights)).cost(planner_cost(setup.model))
             .balance(micro_batches=setup.micro_batches, max_tokens=setup.max_tokens,
                      global_batch=global_batch)
@@ -102,7 +102,8 @@ def _mdata_steps(setup: Setup, meta: dict[str, SourceMetadata], steps: int):
     return [out[s] for s in sorted(out)[:steps]]
 
 
-def _mean_tokens(setup: Setup, meta: dict[str, SourceMetadata]) -> float:
+def mean_tokens(setup: Setup, meta: dict[str, SourceMetadata]) -> float:
+    """Mean tokens per sample (cut to the context) under the mix: sizes the global batch."""
     w = np.array([setup.weights[n] for n in meta], dtype=np.float64)
     means = np.array([np.minimum(np.concatenate(m.num_tokens), setup.max_tokens).mean() for m in meta.values()])
     return float((w * means).sum() / w.sum())
@@ -196,7 +197,3 @@ def simulate_both(setup: Setup, meta: dict[str, SourceMetadata], loader_cost: Ma
     base = _system(setup, _baseline_steps(setup, meta, steps), cost, baseline=True)
     return {"mdata": ours, "baseline": base, "ratio": ratio_breakdown(ours, base)}
 
-
-def with_(setup: Setup, **changes) -> Setup:
-    """A copy of ``setup`` with ``changes`` (the sensitivity sweep's one-liner)."""
-    return replace(setup, **changes)
