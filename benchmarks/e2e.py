@@ -48,7 +48,8 @@ CURVES_FILE = E2E_DIR / "last-run-curves.json"
 
 @dataclass(frozen=True)
 class ProcessRun:
-    """The process run's shape (quick and full differ only in size and steps)."""
+    """The process run's shape. One loading rank per stage of the first and last (TP 1, CP 1:
+    context parallelism's extra loaders are counted in the simulation, not run here)."""
 
     model: VLM = MODELS["llava-ov-0.5b"]
     gpu: GPU = GPU()
@@ -90,17 +91,16 @@ def _drive(iters, cfg: ProcessRun, steps: int, barrier) -> list[dict]:
     """One DP rank: per step, take every loading rank's batch, compute, meet the others."""
     log = []
     for _ in range(steps):
-        began = time.perf_counter()
-        start = began
+        start = time.perf_counter()
         batches = [next(it) for it in iters]
-        wait = time.perf_counter() - began
+        wait = time.perf_counter() - start
         mbs = [_documents(mb) for mb in batches[0]["micro_batches"]]
         times = stage_seconds(mbs, cfg.model, cfg.gpu, pp=cfg.pp)
         span = one_f_one_b(times)
         time.sleep(span * cfg.dilation)
         barrier.wait()
-        log.append({"start": start, "end": time.perf_counter(), "wait": wait, "span": span, "work": times.work,
-                    "tokens": float(sum(t.sum() for t, _ in mbs))})
+        log.append({"start": start, "end": time.perf_counter(), "wait": wait, "span": span,
+                    "work": times.work, "tokens": float(sum(t.sum() for t, _ in mbs))})
     return log
 
 
