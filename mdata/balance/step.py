@@ -13,6 +13,7 @@ from mdata.balance.assignment import StepAssignment, assemble
 from mdata.balance.bounds import lower_bound
 from mdata.balance.inputs import validate_step
 from mdata.balance.lpt import lpt_assign, min_micro_batches
+from mdata.balance.pipeline import reorder_micro_batches
 from mdata.balance.refine import refine
 from mdata.balance.repack import repack_micro_batches
 
@@ -32,6 +33,7 @@ def balance_step(
     max_tokens: int,
     seed: int = 0,
     pad_multiple: int = 1,
+    stages: int = 1,
 ) -> StepAssignment:
     """Assign every sample of a global step to a DP rank and a micro-batch.
 
@@ -64,6 +66,7 @@ def balance_step(
         m += 1
     refine(state, tokens, cost, lb * (1 + _GOOD_ENOUGH))
     repack_micro_batches(state, order, tok, cst)
+    reorder_micro_batches(state, stages)
     return assemble(
         np.asarray(state.rank_of, dtype=np.int64),
         np.asarray(state.bin_of, dtype=np.int64),

@@ -37,6 +37,7 @@ class StepAssigner:
         self.cost_model = plan.cost_model
         self.seed = plan.seed_value
         self.pad = 2 * mesh.cp if mesh.cp > 1 else 1  # context parallelism splits in 2*cp pieces
+        self.stages = mesh.pp  # each DP rank runs its micro-batches through a pp-stage pipeline
 
     def assign(self, step: int, weights: np.ndarray, sel: Selection,
                refs_of: Callable[[list[int]], list[ChunkRef]], lineage: DGraph | None,
@@ -53,7 +54,7 @@ class StepAssigner:
         costs = evaluate_cost(self.cost_model, trunc, patches)
         a = balance_step(trunc, costs, dp=self.dp, micro_batches=self.micro_batches,
                          max_tokens=self.max_tokens, seed=(self.seed * 1_000_003 + step) % 2**32,
-                         pad_multiple=self.pad)
+                         pad_multiple=self.pad, stages=self.stages)
         if lineage is not None:
             ids = lineage.record_step(
                 step, source_index=src, shard=shard, row=row, chunk_id=chunk, cursor=cursor,

@@ -1,0 +1,161 @@
+"""Pipeline parallelism: a rank's 1F1B makespan, and the order of its micro-batches.
+
+Why: with ``pp > 1`` a DP rank's step is not the sum of its micro-batches' costs but the makespan
+of the 1F1B schedule (PipeDream-Flush, Megatron-LM's default) over them. Unequal micro-batches
+leave stages idle, and *where* an expensive micro-batch sits in the schedule matters: the same
+micro-batches can take a third longer in one order than in another. The balancer knows one cost
+per sample, so it models each micro-batch's cost as split evenly over the stages, forward a
+third and backward two thirds (``6 = 2 + 4`` of the FLOP count).
+
+* :func:`one_f_one_b_makespan`: the exact makespan of that model, vectorised over many rows of
+  micro-batch costs at once (a fixed schedule, evaluated in topological order).
+* :func:`pipeline_cost`: the cheap estimate the rank balancing minimises,
+  ``(sum + (p - 1) x max) / p``: the makespan of ``m`` equal micro-batches is exactly
+  ``(m + p - 1) c / p``, and the most expensive micro-batch crosses every stage.
+* :func:`order_micro_batches`: each rank's micro-batch order by insertion (NEH: the most expensive
+  first, each into the position of the least makespan so far), near the optimum order.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+from mdata.balance.lpt import PackState
+
+__all__ = [
+    "one_f_one_b_makespan", "order_micro_batches", "pipeline_cost", "reorder_micro_batches",
+]
+
+#: Forward share of a micro-batch's cost on a stage (backward is twice forward).
+_FORWARD = 1.0 / 3.0
+
+#: Above this many schedule evaluations (``m^2 p``) the insertion order is skipped: the ranks'
+#: micro-batches keep the ascending-cost order, which is within a few percent of the best.
+_ORDER_BUDGET = 1 << 15
+
+
+@lru_cache(maxsize=256)
+def _schedule(m: int, p: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+    """The 1F1B operations of ``m`` micro-batches on ``p`` stages in a topological order.
+
+    Per operation: micro-batch, is-forward, index of the previous operation on its stage and of
+    the operation it waits for (``-1``: none); and the index of stage 0's last operation.
+    Stage ``s`` runs ``min(p - s - 1, m)`` warm-up forwards, then alternates one forward and one
+    backward, then drains; a forward waits for the same micro-batch's forward on the stage before,
+    a backward for its backward on the stage after (the last stage: its own forward).
+    """
+    orders = []
+    for s in range(p):
+        warm = min(p - s - 1, m)
+        ops = [(True, i) for i in range(warm)]
+        for k in range(m - warm):
+            ops += [(True, warm + k), (False, k)]
+        ops += [(False, i) for i in range(m - warm, m)]
+        orders.append(ops)
+    index: dict[tuple[bool, int, int], int] = {}
+    mb, fwd, prev, dep = [], [], [], []
+    nxt, last = [0] * p, [-1] * p
+    while len(mb) < 2 * m * p:
+        progressed = False
+        for s in range(p):
+            while nxt[s] < len(orders[s]):
+                is_f, i = orders[s][nxt[s]]
+                need = ((True, i, s - 1) if s > 0 else None) if is_f else (
+                    (True, i, s) if s == p - 1 else (False, i, s + 1))
+                if need is not None and need not in index:
+                    break
+                index[(is_f, i, s)] = len(mb)
+                mb.append(i)
+                fwd.append(is_f)
+                prev.append(last[s])
+                dep.append(-1 if need is None else index[need])
+                last[s] = len(mb) - 1
+                nxt[s] += 1
+                progressed = True
+        if not progressed:  # pragma: no cover - the schedule above never deadlocks
+            raise RuntimeError("1F1B schedule deadlocked")
+    arrays = [np.asarray(a, dtype=np.int64) for a in (mb, prev, dep)]
+    return arrays[0], np.asarray(fwd, dtype=bool), arrays[1], arrays[2], last[0]
+
+
+def one_f_one_b_makespan(costs: np.ndarray, stages: int) -> np.ndarray:
+    """Makespan of the 1F1B schedule over micro-batch costs ``costs[..., m]`` (in order).
+
+    Each micro-batch's cost is split evenly over ``stages`` stages, a third forward and two
+    thirds backward; communication is free. The result has the leading shape of ``costs``; for
+    one stage it is the sum, for ``m`` equal costs ``c`` it is ``(m + stages - 1) c / stages``.
+    """
+    costs = np.asarray(costs, dtype=np.float64)
+    m, p = costs.shape[-1], int(stages)
+    if p < 1:
+        raise ValueError(f"stages must be >= 1, got {stages}")
+    if m == 0:
+        return np.zeros(costs.shape[:-1])
+    mb, fwd, prev, dep, last = _schedule(m, p)
+    unit = costs / p
+    dur_f, dur_b = _FORWARD * unit, (1.0 - _FORWARD) * unit
+    zero = np.zeros(costs.shape[:-1])
+    end: list[np.ndarray] = []
+    for k in range(mb.size):
+        i, a, b = int(mb[k]), int(prev[k]), int(dep[k])
+        start = end[a] if a >= 0 else zero
+        if b >= 0:
+            start = np.maximum(start, end[b])
+        end.append(start + (dur_f[..., i] if fwd[k] else dur_b[..., i]))
+    return end[last]
+
+
+def pipeline_cost(bin_cost: np.ndarray, stages: int) -> np.ndarray:
+    """The balancer's estimate of each rank's 1F1B makespan: ``(sum + (p - 1) max) / p``.
+
+    ``bin_cost[r, k]``: cost of micro-batch ``k`` of rank ``r``. Exact for equal micro-batches;
+    for unequal ones it is close to the makespan of their best order (see
+    :func:`order_micro_batches`), which is what the balancer then realises.
+    """
+    bin_cost = np.asarray(bin_cost, dtype=np.float64)
+    if bin_cost.shape[-1] == 0:
+        return np.zeros(bin_cost.shape[:-1])
+    return (bin_cost.sum(axis=-1) + (stages - 1) * bin_cost.max(axis=-1)) / stages
+
+
+def order_micro_batches(bin_cost: np.ndarray, stages: int) -> np.ndarray:
+    """Per rank, the order of its micro-batches that runs the 1F1B schedule fastest (nearly).
+
+    Returns ``order[r]``: the micro-batch indices of rank ``r`` in the order to run them. NEH
+    insertion, all ranks at once: the micro-batches in decreasing cost (ties by index) are
+    inserted one by one where the partial sequence's makespan is least (ties: earliest place).
+    With one stage or one micro-batch the order is unchanged.
+    """
+    bin_cost = np.asarray(bin_cost, dtype=np.float64)
+    dp, m = bin_cost.shape
+    if stages <= 1 or m <= 1:
+        return np.tile(np.arange(m), (dp, 1))
+    by_cost = np.argsort(-bin_cost, axis=1, kind="stable")
+    if m * m * stages > _ORDER_BUDGET:
+        return by_cost[:, ::-1].copy()
+    rows = np.arange(dp)[:, None, None]
+    seq = by_cost[:, :1]
+    for n in range(1, m):
+        # candidate j puts the new micro-batch at position j of the current sequence
+        pos = np.arange(n + 1)
+        src = pos[None, :] - (pos[None, :] > pos[:, None])  # [j, q]: old index at place q
+        cand = seq[:, np.clip(src, 0, n - 1)]  # (dp, j, q)
+        new = np.broadcast_to(by_cost[:, n][:, None, None], cand.shape)
+        cand = np.where((pos[None, :] == pos[:, None])[None], new, cand)
+        spans = one_f_one_b_makespan(bin_cost[rows, cand], stages)
+        seq = cand[np.arange(dp), np.argmin(spans, axis=1)]
+    return seq
+
+
+def reorder_micro_batches(st: PackState, stages: int) -> None:
+    """Renumber each rank's micro-batches (in place) into :func:`order_micro_batches`' order."""
+    if stages <= 1 or st.m <= 1:
+        return
+    order = order_micro_batches(np.asarray(st.bin_cost), stages)
+    where = np.argsort(order, axis=1)  # where[r, k]: new index of old micro-batch k
+    rank_of = np.asarray(st.rank_of, dtype=np.int64)
+    st.bin_of = where[rank_of, np.asarray(st.bin_of, dtype=np.int64)].tolist()
+    st.bin_tokens = np.take_along_axis(np.asarray(st.bin_tokens), order, axis=1).tolist()
+    st.bin_cost = np.take_along_axis(np.asarray(st.bin_cost), order, axis=1).tolist()
