@@ -11,8 +11,9 @@ import numpy as np
 
 from mdata.balance.assignment import StepAssignment, assemble
 from mdata.balance.bounds import lower_bound
-from mdata.balance.inputs import validate_step
+from mdata.balance.inputs import positive_int, validate_step
 from mdata.balance.lpt import lpt_assign, min_micro_batches
+from mdata.balance.pipe_refine import pipeline_lower_bound, refine_pipeline
 from mdata.balance.pipeline import reorder_micro_batches
 from mdata.balance.refine import refine
 from mdata.balance.repack import repack_micro_batches
@@ -51,21 +52,25 @@ def balance_step(
     tokens, cost, dp, requested, max_tokens = validate_step(
         num_tokens, costs, dp, micro_batches, max_tokens, pad_multiple
     )
+    stages = positive_int("stages", stages)
     n = tokens.size
     rng = np.random.default_rng(seed)
     order_arr = np.lexsort((rng.permutation(n), -tokens, -cost))
     order = order_arr.tolist()
     tok = tokens.tolist()
     cst = cost.tolist()
-    lb = lower_bound(cost, dp)
     m = min_micro_batches(tokens, dp, requested, max_tokens)
     while True:
         state = lpt_assign(order, tok, cst, dp, m, max_tokens)
         if state is not None:
             break
         m += 1
-    refine(state, tokens, cost, lb * (1 + _GOOD_ENOUGH))
+    refine(state, tokens, cost, lower_bound(cost, dp) * (1 + _GOOD_ENOUGH))
     repack_micro_batches(state, order, tok, cst)
+    if stages > 1:
+        target = pipeline_lower_bound(cost, dp, stages) * (1 + _GOOD_ENOUGH)
+        refine_pipeline(state, tokens, cost, stages, target)
+        repack_micro_batches(state, order, tok, cst)
     reorder_micro_batches(state, stages)
     return assemble(
         np.asarray(state.rank_of, dtype=np.int64),
