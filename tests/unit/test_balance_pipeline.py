@@ -1,0 +1,97 @@
+"""Pipeline-aware balancing: the 1F1B makespan helper, micro-batch order, rank moves under pp > 1."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from mdata.balance import balance_step
+from mdata.balance.pipeline import one_f_one_b_makespan, order_micro_batches, pipeline_cost
+
+
+def _spans(a, stages: int) -> np.ndarray:
+    """Each rank's 1F1B makespan with its micro-batches in the assignment's order."""
+    return one_f_one_b_makespan(a.per_micro_batch_cost, stages)
+
+
+def test_one_f_one_b_textbook_and_by_hand() -> None:
+    # m equal micro-batches of cost c on p stages: (m + p - 1) c / p.
+    for m, p in ((1, 1), (4, 1), (2, 4), (8, 4), (3, 8)):
+        assert one_f_one_b_makespan(np.full(m, 6.0), p) == pytest.approx((m + p - 1) * 6.0 / p)
+    # By hand, 2 stages, costs 6 and 3 (stage times: forward c/6, backward c/3).
+    # Stage 0: F0 [0,1], F1 [1,1.5]; stage 1: F0 [1,2], B0 [2,4], F1 [4,4.5], B1 [4.5,5.5];
+    # stage 0: B0 [4,6], B1 [6,7].
+    assert one_f_one_b_makespan(np.array([6.0, 3.0]), 2) == pytest.approx(7.0)
+    # Vectorised over leading axes, and the order of micro-batches matters.
+    spans = one_f_one_b_makespan(np.array([[6.0, 1.0, 1.0], [1.0, 1.0, 6.0]]), 4)
+    assert spans.shape == (2,) and spans[1] < spans[0]
+
+
+def test_insertion_order_is_near_the_best_permutation() -> None:
+    rng = np.random.default_rng(3)
+    costs = rng.lognormal(0.0, 0.8, size=(40, 5))
+    order = order_micro_batches(costs, 4)
+    assert all(sorted(r) == list(range(5)) for r in order.tolist())
+    got = one_f_one_b_makespan(np.take_along_axis(costs, order, axis=1), 4)
+    best = np.array([min(one_f_one_b_makespan(np.array(q), 4) for q in itertools.permutations(r))
+                     for r in costs])
+    given = one_f_one_b_makespan(costs, 4)
+    assert np.all(got <= given + 1e-12)
+    assert np.all(got <= best * 1.05) and got.mean() <= best.mean() * 1.01
+    # the estimate the balancer uses is never below the best order
+    assert np.all(pipeline_cost(costs, 4) >= best * (1 - 1e-12))
+
+
+def _book_step(seed: int = 0):
+    """Half the ranks must take a full-context 'book' (one micro-batch alone), the rest is small."""
+    rng = np.random.default_rng(seed)
+    dp, cap = 16, 4096
+    small = rng.integers(100, 1500, size=220)
+    tokens = np.concatenate([np.full(8, cap), small]).astype(np.int64)
+    costs = tokens.astype(float) + tokens.astype(float) ** 2 / 2000.0
+    return tokens, costs, dp, cap
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_pipeline_mode_shortens_the_slowest_rank(seed: int) -> None:
+    tokens, costs, dp, cap = _book_step(seed)
+    flat = balance_step(tokens, costs, dp=dp, micro_batches=3, max_tokens=cap, seed=seed)
+    piped = balance_step(tokens, costs, dp=dp, micro_batches=3, max_tokens=cap, seed=seed,
+                         stages=4)
+    # the old behaviour: totals at the lower bound, but the book ranks' pipelines are slow
+    assert flat.max_over_lower_bound <= 1.01
+    assert _spans(piped, 4).max() < 0.95 * _spans(flat, 4).max()
+    # every guarantee still holds: exactly the samples, token budget, same micro-batch count
+    assert piped.num_micro_batches == flat.num_micro_batches
+    assert int((piped.per_micro_batch_tokens > cap).sum()) == 0
+    assert piped.per_rank_cost.sum() == pytest.approx(costs.sum())
+    counts = np.bincount(piped.rank * piped.num_micro_batches + piped.micro_batch,
+                         minlength=dp * piped.num_micro_batches)
+    assert counts.sum() == tokens.size
+    np.testing.assert_array_equal(
+        np.bincount(piped.rank * piped.num_micro_batches + piped.micro_batch, weights=tokens,
+                    minlength=dp * piped.num_micro_batches).reshape(dp, -1),
+        piped.per_micro_batch_tokens)
+
+
+def test_micro_batches_run_in_a_good_order() -> None:
+    # One rank: a costly micro-batch first is the slow order; pp > 1 puts it where it costs least.
+    tokens = np.array([4096, 1000, 1000, 1000, 1000], np.int64)
+    costs = np.array([50.0, 5.0, 5.0, 5.0, 5.0])
+    flat = balance_step(tokens, costs, dp=1, micro_batches=3, max_tokens=4096)
+    piped = balance_step(tokens, costs, dp=1, micro_batches=3, max_tokens=4096, stages=4)
+    assert flat.per_micro_batch_cost[0, 0] == 50.0  # LPT opens micro-batch 0 with the largest
+    assert _spans(piped, 4)[0] < _spans(flat, 4)[0]
+    assert sorted(piped.per_micro_batch_cost[0].tolist()) == sorted(flat.per_micro_batch_cost[0].tolist())
+
+
+def test_pipeline_mode_is_deterministic_and_validates_stages() -> None:
+    tokens, costs, dp, cap = _book_step(5)
+    runs = [balance_step(tokens, costs, dp=dp, micro_batches=3, max_tokens=cap, seed=7, stages=4)
+            for _ in range(2)]
+    np.testing.assert_array_equal(runs[0].rank, runs[1].rank)
+    np.testing.assert_array_equal(runs[0].micro_batch, runs[1].micro_batch)
+    with pytest.raises(Exception, match="stages"):
+        balance_step(tokens, costs, dp=dp, micro_batches=3, max_tokens=cap, stages=0)
