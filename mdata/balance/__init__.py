@@ -19,6 +19,14 @@ The algorithm (:func:`balance_step`, in :mod:`mdata.balance.step`):
    improves or the maximum is within 0.1% of the lower bound ``max(total/dp, largest sample)``.
 3. **Micro-batch re-pack** (:mod:`mdata.balance.repack`). Each rank's samples are re-packed
    LPT-style over its micro-batches when that lowers its most expensive micro-batch.
+4. **Pipeline stages** (``stages = pp > 1`` only; :mod:`mdata.balance.pipe_refine`,
+   :mod:`mdata.balance.pipeline`). A rank's step is then the 1F1B makespan of its micro-batches,
+   not their sum: a rank that must hold one very expensive micro-batch (a full-context document)
+   is slow however equal the totals. Moves and swaps between the rank of the largest makespan and
+   the least loaded ones (ranked by ``cost + (p - 1) x top micro-batch``, applied only when the
+   exact makespans improve) give such ranks less other work, then each rank's micro-batches are
+   put in the order that runs the schedule fastest (insertion over the exact 1F1B makespan).
+   Rank totals are then deliberately unequal; every token and sample guarantee is unchanged.
 
 Every rank gets the same number of micro-batches (trainers run a fixed schedule); it grows above
 the requested count only when the samples' tokens cannot be packed into it, and the assignment
@@ -29,7 +37,8 @@ The other modules: :mod:`~mdata.balance.assignment` (the :class:`StepAssignment`
 HTML view), :mod:`~mdata.balance.bounds` (lower bounds on the makespan),
 :mod:`~mdata.balance.inputs` (input checks), :mod:`~mdata.balance.baseline`
 (:func:`greedy_pack_baseline`, what independent per-rank loaders do, for comparison),
-:mod:`~mdata.balance.cp` (:func:`cp_zigzag_slices`, which tokens each context-parallel rank gets)
+:mod:`~mdata.balance.cp` (:func:`cp_zigzag_slices`, which tokens each context-parallel rank gets),
+:mod:`~mdata.balance.pipeline` (:func:`one_f_one_b_makespan`, a rank's step under ``pp`` stages)
 and :mod:`~mdata.balance.oracle` (:func:`brute_force_min_makespan`, the exact optimum of tiny
 instances, for tests).
 """
@@ -41,6 +50,7 @@ from mdata.balance.baseline import greedy_pack_baseline
 from mdata.balance.bounds import lower_bound, pigeonhole_lower_bound
 from mdata.balance.cp import causal_attention_work, cp_zigzag_slices
 from mdata.balance.oracle import brute_force_min_makespan
+from mdata.balance.pipeline import one_f_one_b_makespan
 from mdata.balance.step import balance_step
 
 __all__ = [
@@ -52,4 +62,5 @@ __all__ = [
     "greedy_pack_baseline",
     "pigeonhole_lower_bound",
     "lower_bound",
+    "one_f_one_b_makespan",
 ]

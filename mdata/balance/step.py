@@ -1,4 +1,4 @@
-"""balance_step: the Planner's balancer for one global step, LPT then refinement then re-pack.
+"""balance_step: the Planner's balancer for one global step: LPT, refinement, re-pack, pipeline.
 
 Why a module of its own: it only orders the stages (validate, size the micro-batch count, LPT,
 refine to the lower bound, re-pack micro-batches, assemble the result); each stage lives in its own
@@ -48,6 +48,11 @@ def balance_step(
     parallelism every document is padded to a multiple of ``2 * cp`` for the zigzag split, see
     :func:`~mdata.balance.cp_zigzag_slices`); capacity and the reported token totals count these
     padded slots.
+
+    ``stages``: pipeline-parallel stages each rank runs its micro-batches through (the mesh's
+    ``pp``). Above 1 the balancer lowers the slowest rank's 1F1B makespan instead of its total
+    cost and numbers each rank's micro-batches in the order to run them (stage 4 of
+    :mod:`mdata.balance`).
     """
     tokens, cost, dp, requested, max_tokens = validate_step(
         num_tokens, costs, dp, micro_batches, max_tokens, pad_multiple
@@ -81,5 +86,5 @@ def balance_step(
         num_micro_batches=m,
         max_tokens=max_tokens,
         requested=requested,
-        algorithm="mdata balance (LPT + refinement)",
+        algorithm="mdata balance (LPT + refinement" + (f", {stages} pipeline stages)" if stages > 1 else ")"),
     )
