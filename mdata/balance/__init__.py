@@ -19,14 +19,15 @@ The algorithm (:func:`balance_step`, in :mod:`mdata.balance.step`):
    improves or the maximum is within 0.1% of the lower bound ``max(total/dp, largest sample)``.
 3. **Micro-batch re-pack** (:mod:`mdata.balance.repack`). Each rank's samples are re-packed
    LPT-style over its micro-batches when that lowers its most expensive micro-batch.
-4. **Pipeline stages** (``stages = pp > 1`` only; :mod:`mdata.balance.pipe_refine`,
-   :mod:`mdata.balance.pipeline`). A rank's step is then the 1F1B makespan of its micro-batches,
-   not their sum: a rank that must hold one very expensive micro-batch (a full-context document)
-   is slow however equal the totals. Moves and swaps between the rank of the largest makespan and
-   the least loaded ones (ranked by ``cost + (p - 1) x top micro-batch``, applied only when the
-   exact makespans improve) give such ranks less other work, then each rank's micro-batches are
-   put in the order that runs the schedule fastest (insertion over the exact 1F1B makespan).
-   Rank totals are then deliberately unequal; every token and sample guarantee is unchanged.
+4. **Pipeline stages** (``stages = pp > 1`` only; :mod:`mdata.balance.pipeline`). A rank's step
+   is then the 1F1B makespan of its micro-batches, not their sum: a rank that must hold one very
+   expensive micro-batch (a full-context document, alone in it by tokens) is the slowest however
+   equal the totals, and the order of a rank's micro-batches changes its makespan by up to a
+   third. A second LPT pass takes each rank's load as its estimated makespan
+   ``(sum + (p - 1) x top micro-batch) / p``, which gives such ranks less other work; each
+   rank's micro-batches are ordered by insertion on the exact 1F1B makespan, and the faster of
+   the two assignments (slowest rank) is kept. Rank totals may then differ on purpose; every
+   token and sample guarantee is unchanged.
 
 Every rank gets the same number of micro-batches (trainers run a fixed schedule); it grows above
 the requested count only when the samples' tokens cannot be packed into it, and the assignment

@@ -44,14 +44,21 @@ class PackState:
 
 
 def lpt_assign(
-    order: list[int], tok: list[int], cost: list[float], dp: int, m: int, cap: int
+    order: list[int], tok: list[int], cost: list[float], dp: int, m: int, cap: int,
+    spread: float = 0.0,
 ) -> PackState | None:
-    """LPT over ranks with micro-batch room; LPT over a rank's micro-batches. None if stuck."""
+    """LPT over ranks with micro-batch room; LPT over a rank's micro-batches. None if stuck.
+
+    A rank's load is its cost plus ``spread`` times its most expensive micro-batch: with
+    pipeline parallelism over ``p`` stages, ``spread = p - 1`` makes it the rank's estimated
+    1F1B makespan (:func:`~mdata.balance.pipeline.pipeline_cost`, times ``p``).
+    """
     st = PackState(len(tok), dp, m, cap)
     rank_of, bin_of, bin_tokens, bin_cost, rank_cost = (
         st.rank_of, st.bin_of, st.bin_tokens, st.bin_cost, st.rank_cost
     )
     room = [cap] * dp  # largest free space among each rank's micro-batches
+    top = [0.0] * dp  # each rank's most expensive micro-batch
     heap = [(0.0, r) for r in range(dp)]
     # Ranks without room for the current sample wait here, largest room first, until a sample
     # small enough comes; their load and room cannot change meanwhile. This keeps a near-full
@@ -87,7 +94,9 @@ def lpt_assign(
         bin_cost[r][b] += c
         rank_cost[r] += c
         room[r] = cap - min(bt)
-        push(heap, (rank_cost[r], r))
+        if bin_cost[r][b] > top[r]:
+            top[r] = bin_cost[r][b]
+        push(heap, (rank_cost[r] + spread * top[r], r))
         rank_of[i] = r
         bin_of[i] = b
     return st

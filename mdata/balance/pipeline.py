@@ -9,9 +9,9 @@ third and backward two thirds (``6 = 2 + 4`` of the FLOP count).
 
 * :func:`one_f_one_b_makespan`: the exact makespan of that model, vectorised over many rows of
   micro-batch costs at once (a fixed schedule, evaluated in topological order).
-* :func:`pipeline_cost`: the cheap estimate the rank balancing minimises,
-  ``(sum + (p - 1) x max) / p``: the makespan of ``m`` equal micro-batches is exactly
-  ``(m + p - 1) c / p``, and the most expensive micro-batch crosses every stage.
+* :func:`pipeline_cost`: a cheap estimate, ``(sum + (p - 1) x max) / p`` (the makespan of ``m``
+  equal micro-batches is exactly ``(m + p - 1) c / p``, and the most expensive micro-batch
+  crosses every stage); the balancer's pipeline pass of LPT uses it as a rank's load.
 * :func:`order_micro_batches`: each rank's micro-batch order by insertion (NEH: the most expensive
   first, each into the position of the least makespan so far), near the optimum order.
 """
@@ -25,15 +25,16 @@ import numpy as np
 from mdata.balance.lpt import PackState
 
 __all__ = [
-    "one_f_one_b_makespan", "order_micro_batches", "pipeline_cost", "reorder_micro_batches",
+    "one_f_one_b_makespan", "order_micro_batches", "ordered_makespan", "pipeline_cost",
+    "reorder_micro_batches",
 ]
 
 #: Forward share of a micro-batch's cost on a stage (backward is twice forward).
 _FORWARD = 1.0 / 3.0
 
-#: Above this many schedule evaluations (``m^2 p``) the insertion order is skipped: the ranks'
-#: micro-batches keep the ascending-cost order, which is within a few percent of the best.
-_ORDER_BUDGET = 1 << 15
+#: Above this many schedule evaluations (``m^2 p``) only the most expensive micro-batch is
+#: inserted, into the others in ascending cost (within a percent or two of the full insertion).
+_ORDER_BUDGET = 2048
 
 
 @lru_cache(maxsize=256)
@@ -120,13 +121,26 @@ def pipeline_cost(bin_cost: np.ndarray, stages: int) -> np.ndarray:
     return (bin_cost.sum(axis=-1) + (stages - 1) * bin_cost.max(axis=-1)) / stages
 
 
+def _insert(seq: np.ndarray, new: np.ndarray, bin_cost: np.ndarray, stages: int) -> np.ndarray:
+    """Per row, ``seq`` with ``new`` inserted where the 1F1B makespan is least (ties: earliest)."""
+    dp, n = seq.shape
+    pos = np.arange(n + 1)
+    src = np.clip(pos[None, :] - (pos[None, :] > pos[:, None]), 0, max(n - 1, 0))
+    cand = seq[:, src] if n else np.zeros((dp, 1, 1), dtype=np.int64)  # (dp, j, q)
+    cand = np.where((pos[None, :] == pos[:, None])[None], new[:, None, None], cand)
+    spans = one_f_one_b_makespan(bin_cost[np.arange(dp)[:, None, None], cand], stages)
+    return cand[np.arange(dp), np.argmin(spans, axis=1)]
+
+
 def order_micro_batches(bin_cost: np.ndarray, stages: int) -> np.ndarray:
     """Per rank, the order of its micro-batches that runs the 1F1B schedule fastest (nearly).
 
     Returns ``order[r]``: the micro-batch indices of rank ``r`` in the order to run them. NEH
     insertion, all ranks at once: the micro-batches in decreasing cost (ties by index) are
     inserted one by one where the partial sequence's makespan is least (ties: earliest place).
-    With one stage or one micro-batch the order is unchanged.
+    With many micro-batches (``m^2 p`` schedule evaluations over the budget) only the most
+    expensive one is inserted so, into the others in increasing cost. With one stage or one
+    micro-batch the order is unchanged.
     """
     bin_cost = np.asarray(bin_cost, dtype=np.float64)
     dp, m = bin_cost.shape
@@ -134,26 +148,22 @@ def order_micro_batches(bin_cost: np.ndarray, stages: int) -> np.ndarray:
         return np.tile(np.arange(m), (dp, 1))
     by_cost = np.argsort(-bin_cost, axis=1, kind="stable")
     if m * m * stages > _ORDER_BUDGET:
-        return by_cost[:, ::-1].copy()
-    rows = np.arange(dp)[:, None, None]
+        return _insert(by_cost[:, :0:-1], by_cost[:, 0], bin_cost, stages)
     seq = by_cost[:, :1]
     for n in range(1, m):
-        # candidate j puts the new micro-batch at position j of the current sequence
-        pos = np.arange(n + 1)
-        src = pos[None, :] - (pos[None, :] > pos[:, None])  # [j, q]: old index at place q
-        cand = seq[:, np.clip(src, 0, n - 1)]  # (dp, j, q)
-        new = np.broadcast_to(by_cost[:, n][:, None, None], cand.shape)
-        cand = np.where((pos[None, :] == pos[:, None])[None], new, cand)
-        spans = one_f_one_b_makespan(bin_cost[rows, cand], stages)
-        seq = cand[np.arange(dp), np.argmin(spans, axis=1)]
+        seq = _insert(seq, by_cost[:, n], bin_cost, stages)
     return seq
 
 
-def reorder_micro_batches(st: PackState, stages: int) -> None:
-    """Renumber each rank's micro-batches (in place) into :func:`order_micro_batches`' order."""
-    if stages <= 1 or st.m <= 1:
-        return
-    order = order_micro_batches(np.asarray(st.bin_cost), stages)
+def ordered_makespan(bin_cost: np.ndarray, stages: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each rank's micro-batch order (:func:`order_micro_batches`) and its 1F1B makespan."""
+    bin_cost = np.asarray(bin_cost, dtype=np.float64)
+    order = order_micro_batches(bin_cost, stages)
+    return order, one_f_one_b_makespan(np.take_along_axis(bin_cost, order, axis=1), stages)
+
+
+def reorder_micro_batches(st: PackState, order: np.ndarray) -> None:
+    """Renumber each rank's micro-batches in place; ``order[r]``: rank ``r``'s old indices."""
     where = np.argsort(order, axis=1)  # where[r, k]: new index of old micro-batch k
     rank_of = np.asarray(st.rank_of, dtype=np.int64)
     st.bin_of = where[rank_of, np.asarray(st.bin_of, dtype=np.int64)].tolist()

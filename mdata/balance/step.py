@@ -12,9 +12,8 @@ import numpy as np
 from mdata.balance.assignment import StepAssignment, assemble
 from mdata.balance.bounds import lower_bound
 from mdata.balance.inputs import positive_int, validate_step
-from mdata.balance.lpt import lpt_assign, min_micro_batches
-from mdata.balance.pipe_refine import pipeline_lower_bound, refine_pipeline
-from mdata.balance.pipeline import reorder_micro_batches
+from mdata.balance.lpt import PackState, lpt_assign, min_micro_batches
+from mdata.balance.pipeline import ordered_makespan, reorder_micro_batches
 from mdata.balance.refine import refine
 from mdata.balance.repack import repack_micro_batches
 
@@ -73,10 +72,7 @@ def balance_step(
     refine(state, tokens, cost, lower_bound(cost, dp) * (1 + _GOOD_ENOUGH))
     repack_micro_batches(state, order, tok, cst)
     if stages > 1:
-        target = pipeline_lower_bound(cost, dp, stages) * (1 + _GOOD_ENOUGH)
-        refine_pipeline(state, tokens, cost, stages, target)
-        repack_micro_batches(state, order, tok, cst)
-    reorder_micro_batches(state, stages)
+        state = _pipelined(state, order, tok, cst, m, max_tokens, stages)
     return assemble(
         np.asarray(state.rank_of, dtype=np.int64),
         np.asarray(state.bin_of, dtype=np.int64),
@@ -86,5 +82,27 @@ def balance_step(
         num_micro_batches=m,
         max_tokens=max_tokens,
         requested=requested,
-        algorithm="mdata balance (LPT + refinement" + (f", {stages} pipeline stages)" if stages > 1 else ")"),
+        algorithm="mdata balance (LPT + refinement"
+        + (f", {stages} pipeline stages)" if stages > 1 else ")"),
     )
+
+
+def _pipelined(state: PackState, order: list[int], tok: list[int], cst: list[float], m: int,
+               max_tokens: int, stages: int) -> PackState:
+    """The faster, under 1F1B over ``stages`` stages, of ``state`` and a pipeline-aware LPT.
+
+    ``state`` has equal rank totals. The alternative packs LPT-style with each rank's load taken
+    as its estimated 1F1B makespan (:func:`~mdata.balance.pipeline.pipeline_cost`), which gives a
+    rank holding one very expensive micro-batch less other work. Both are compared on the exact
+    makespan of their ranks' micro-batches in the best order found; the winner's micro-batches
+    are renumbered into that order. Ties keep ``state``.
+    """
+    best, (best_order, spans) = state, ordered_makespan(np.asarray(state.bin_cost), stages)
+    alt = lpt_assign(order, tok, cst, state.dp, m, max_tokens, float(stages - 1))
+    if alt is not None:
+        repack_micro_batches(alt, order, tok, cst)
+        alt_order, alt_spans = ordered_makespan(np.asarray(alt.bin_cost), stages)
+        if alt_spans.max() < spans.max():
+            best, best_order = alt, alt_order
+    reorder_micro_batches(best, best_order)
+    return best

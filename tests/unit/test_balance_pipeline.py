@@ -1,4 +1,4 @@
-"""Pipeline-aware balancing: the 1F1B makespan helper, micro-batch order, rank moves under pp > 1."""
+"""Pipeline-aware balancing (pp > 1): the 1F1B makespan helper, micro-batch order, rank loads."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 from mdata.balance import balance_step
-from mdata.balance.pipeline import one_f_one_b_makespan, order_micro_batches, pipeline_cost
+from mdata.balance.pipeline import (
+    one_f_one_b_makespan, order_micro_batches, ordered_makespan, pipeline_cost,
+)
 
 
 def _spans(a, stages: int) -> np.ndarray:
@@ -84,7 +86,8 @@ def test_micro_batches_run_in_a_good_order() -> None:
     piped = balance_step(tokens, costs, dp=1, micro_batches=3, max_tokens=4096, stages=4)
     assert flat.per_micro_batch_cost[0, 0] == 50.0  # LPT opens micro-batch 0 with the largest
     assert _spans(piped, 4)[0] < _spans(flat, 4)[0]
-    assert sorted(piped.per_micro_batch_cost[0].tolist()) == sorted(flat.per_micro_batch_cost[0].tolist())
+    same = sorted(flat.per_micro_batch_cost[0].tolist())
+    assert sorted(piped.per_micro_batch_cost[0].tolist()) == same
 
 
 def test_pipeline_mode_is_deterministic_and_validates_stages() -> None:
@@ -95,3 +98,27 @@ def test_pipeline_mode_is_deterministic_and_validates_stages() -> None:
     np.testing.assert_array_equal(runs[0].micro_batch, runs[1].micro_batch)
     with pytest.raises(Exception, match="stages"):
         balance_step(tokens, costs, dp=dp, micro_batches=3, max_tokens=cap, stages=0)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_pipeline_mode_is_never_slower_than_the_flat_balance_reordered(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    tokens = np.minimum(rng.lognormal(7.0, 1.2, 600).astype(np.int64) + 1, 8192)
+    costs = tokens + tokens.astype(float) ** 2 / 4096.0
+    flat = balance_step(tokens, costs, dp=12, micro_batches=4, max_tokens=8192, seed=seed)
+    piped = balance_step(tokens, costs, dp=12, micro_batches=4, max_tokens=8192, seed=seed,
+                         stages=4)
+    _, reordered = ordered_makespan(flat.per_micro_batch_cost, 4)
+    assert _spans(piped, 4).max() <= reordered.max() * (1 + 1e-12)
+    assert _spans(piped, 4).max() <= _spans(flat, 4).max() * (1 + 1e-12)
+
+
+def test_many_micro_batches_insert_only_the_most_expensive() -> None:
+    # 24 micro-batches on 4 stages is over the insertion budget: one insertion into ascending.
+    rng = np.random.default_rng(4)
+    costs = rng.lognormal(0.0, 1.0, size=(6, 24))
+    order = order_micro_batches(costs, 4)
+    assert all(sorted(r) == list(range(24)) for r in order.tolist())
+    ascending = np.sort(costs, axis=1)
+    got = one_f_one_b_makespan(np.take_along_axis(costs, order, axis=1), 4)
+    assert np.all(got <= one_f_one_b_makespan(ascending, 4) * (1 + 1e-12))
