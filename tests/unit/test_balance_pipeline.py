@@ -31,6 +31,18 @@ def test_one_f_one_b_textbook_and_by_hand() -> None:
     assert spans.shape == (2,) and spans[1] < spans[0]
 
 
+def test_one_f_one_b_matches_the_benchmarks_schedule_simulation() -> None:
+    # The e2e benchmark's trainer simulates 1F1B op by op; with equal stage splits both agree.
+    from benchmarks.e2e_model import PipelineTimes, one_f_one_b
+
+    rng = np.random.default_rng(2)
+    for p, m in ((2, 1), (4, 2), (4, 3), (4, 9), (8, 5), (3, 12)):
+        costs = rng.lognormal(0.0, 1.0, m)
+        per_stage = np.repeat(costs[:, None] / p, p, axis=1)
+        expected = one_f_one_b(PipelineTimes(per_stage / 3.0, 2.0 * per_stage / 3.0))
+        assert float(one_f_one_b_makespan(costs, p)) == pytest.approx(expected)
+
+
 def test_insertion_order_is_near_the_best_permutation() -> None:
     rng = np.random.default_rng(3)
     costs = rng.lognormal(0.0, 0.8, size=(40, 5))
