@@ -1,8 +1,9 @@
 """balance_step: the Planner's balancer for one global step: LPT, refinement, re-pack, pipeline.
 
 Why a module of its own: it only orders the stages (validate, size the micro-batch count, LPT,
-refine to the lower bound, re-pack micro-batches, assemble the result); each stage lives in its own
-module so it can be read and tested alone.
+refine to the lower bound, re-pack micro-batches, with pipeline stages the pipeline-aware
+alternative and the micro-batch order, assemble the result); each stage lives in its own module
+so it can be read and tested alone.
 """
 
 from __future__ import annotations
@@ -49,9 +50,10 @@ def balance_step(
     padded slots.
 
     ``stages``: pipeline-parallel stages each rank runs its micro-batches through (the mesh's
-    ``pp``). Above 1 the balancer lowers the slowest rank's 1F1B makespan instead of its total
-    cost and numbers each rank's micro-batches in the order to run them (stage 4 of
-    :mod:`mdata.balance`).
+    ``pp``). Above 1 the result is whichever of the total-balanced assignment and a
+    pipeline-aware one has the shorter slowest 1F1B makespan, with each rank's micro-batches
+    numbered in the order to run them (stage 4 of :mod:`mdata.balance`); rank totals may then
+    be above the lower bound on purpose.
     """
     tokens, cost, dp, requested, max_tokens = validate_step(
         num_tokens, costs, dp, micro_batches, max_tokens, pad_multiple
