@@ -15,12 +15,12 @@ step: a curriculum that ends image-heavy is laid out for its end). Then:
    starves its cheap source while holding cores. Tasks shorter than ``short_task_s`` (default:
    half a step at the target rate, at least 50 ms) mix freely: such a wait delays no step, since
    the Planner loads several steps ahead.
-2. **Threads.** Extra threads in one worker help only where the transform releases the GIL,
-   which the profile measures (its parallel fraction ``p``). A thread count ``T`` qualifies when
-   Amdahl's efficiency ``S(T) / T`` stays above ``min_efficiency``; of those, the pool takes the
-   one needing the fewest cores (``workers x T``), then the fewest worker processes (less reader
-   and tokenizer memory).
-3. **Workers.** ``ceil(demand x headroom / S(T))``, at least one.
+2. **Cores, threads, workers.** A pool holds ``ceil(demand x headroom)`` cores. Extra threads in
+   one worker help only where the transform releases the GIL, which the profile measures (its
+   parallel fraction ``p``): a thread count ``T`` qualifies when Amdahl's efficiency
+   ``S(T) / T`` is at least ``min_efficiency`` (0.8 = 1 / the default headroom, so the loss comes
+   out of the headroom). Of those, the pool takes the one needing the fewest cores
+   (``workers x T``), then the fewest worker processes (less reader and tokenizer memory).
 
 :func:`fit_layout` inverts this for a core budget: the highest step rate whose layout fits. The
 result is a :class:`PoolLayout`; ``start_cluster(sources, layout=...)`` and ``mdata cluster up
@@ -174,14 +174,20 @@ def _normalised(raw: Mapping[str, float], names: Sequence[str]) -> list[float]:
     return list(validate_weights(raw, names))
 
 
-def _threads(p: float, need: float, max_threads: int, min_efficiency: float) -> tuple[int, int, float]:
-    """(threads, workers, speedup) for a pool whose sources need ``need`` busy threads."""
+def _threads(p: float, demand: float, need: float, max_threads: int,
+             min_efficiency: float) -> tuple[int, int, float]:
+    """(threads, workers, speedup) for a pool of ``demand`` busy threads, ``need`` with headroom.
+
+    The pool holds ``ceil(need)`` cores; a thread count ``T`` qualifies when its efficiency
+    ``S(T) / T`` is at least ``min_efficiency`` (what it loses comes out of the headroom, never
+    below ``demand``). Of those, the fewest cores, then the fewest worker processes."""
+    cores = max(1, math.ceil(need - 1e-9))
     best: tuple[int, int, int, float] | None = None  # cores, workers, threads, speedup
-    for t in range(1, max_threads + 1):
+    for t in range(1, min(max_threads, cores) + 1):
         s = amdahl_speedup(p, t)
         if t > 1 and s / t < min_efficiency:
             continue
-        w = max(1, math.ceil(need / s - 1e-9))
+        w = max(1, math.ceil(cores / t - 1e-9), math.ceil(demand / s - 1e-9))
         cand = (w * t, w, t, s)
         if best is None or cand[:2] < best[:2]:
             best = cand
@@ -200,7 +206,7 @@ def _pool_name(sources: Sequence[str], taken: set[str], index: int) -> str:
 
 def compute_layout(profile: Profile, mixture: MixtureSchedule | Mapping[str, float], *,
                    samples_per_step: int, rate: float, headroom: float = 1.25, max_ratio: float = 8.0,
-                   short_task_s: float | None = None, max_threads: int = 4, min_efficiency: float = 0.75,
+                   short_task_s: float | None = None, max_threads: int = 4, min_efficiency: float = 0.8,
                    names: Sequence[str] | None = None) -> PoolLayout:
     """Pools for ``rate`` steps/s of ``samples_per_step`` samples (see the module docstring).
 
@@ -249,7 +255,8 @@ def compute_layout(profile: Profile, mixture: MixtureSchedule | Mapping[str, flo
     for index, (sources, why) in enumerate(groups):
         need = sum(demand[s] for s in sources) * headroom
         p = sum(demand[s] * prof[s].parallel_fraction for s in sources) / max(sum(demand[s] for s in sources), 1e-12)
-        threads, workers, speedup = _threads(p, need, max_threads, min_efficiency)
+        threads, workers, speedup = _threads(p, sum(demand[s] for s in sources), need, max_threads,
+                                             min_efficiency)
         name = _pool_name(sources, taken, index)
         taken.add(name)
         if not why:

@@ -1,0 +1,160 @@
+"""Offline pool layout (mdata.pool_layout): who shares a pool, workers and threads per pool, the
+core-budget fit, the mixture's peak stage, the printed forms, and default pools without a profile."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import yaml
+
+from mdata.errors import PlanError
+from mdata.mixing import LinearRamp, StagedMixture
+from mdata.pool_layout import (
+    PoolLayout, amdahl_speedup, compute_layout, fit_layout, layout_for_plan, peak_stage, source_cost_class,
+)
+from mdata.pool_layout_text import dask_worker_commands, kubernetes_manifest
+from mdata.profile import Profile, SourceProfile
+
+
+def prof(name: str, ms: float, *, chunk_rows: int = 16, speedup: float = 1.0, threads: int = 2) -> SourceProfile:
+    rate = 1e3 / ms
+    return SourceProfile(name=name, samples=64, seconds_per_sample=ms / 1e3, cpu_seconds_per_sample=ms / 1e3,
+                         bytes_per_sample=1000.0, reader_bytes=10_000, chunk_rows=chunk_rows, threads=threads,
+                         samples_per_s_1=rate, samples_per_s_n=rate * speedup)
+
+
+# an image-heavy job: native-size wallpapers (60 ms a sample, 16-row chunks: ~1 s tasks), small
+# caption crops (2 ms), and two kinds of short text (0.05 ms and 0.1 ms, 64-row chunks)
+PROFILE = Profile((prof("wallpapers", 60.0), prof("captions", 2.0), prof("chat", 0.05, chunk_rows=64),
+                   prof("code", 0.1, chunk_rows=64)))
+WEIGHTS = {"wallpapers": 0.25, "captions": 0.25, "chat": 0.25, "code": 0.25}
+
+
+def test_expensive_sources_get_their_own_pool_and_cheap_ones_share():
+    layout = compute_layout(PROFILE, WEIGHTS, samples_per_step=32, rate=2.0)
+    # wallpapers: 0.25 x 32 x 2 x 0.060 = 0.96 busy threads, x1.25 = 1.2 -> its own pool, 2 workers
+    wall = layout.pool_of("wallpapers")
+    assert wall.sources == ("wallpapers",) and wall.workers == 2 and wall.threads == 1
+    assert wall.demand == pytest.approx(0.96)
+    # captions (32 ms tasks), chat (3.2 ms), code (6.4 ms): all under half a step (250 ms) -> one pool
+    shared = layout.pool_of("chat")
+    assert set(shared.sources) == {"chat", "code", "captions"} and shared.workers == 1
+    assert len(layout.pools) == 2 and layout.cores == 3
+    assert "fills a worker by itself" in wall.reason and "cheap" in shared.reason
+
+
+def test_no_pool_mixes_task_costs_beyond_the_ratio():
+    # at 20 steps/s half a step is 25 ms (floor 50 ms): captions' 32 ms tasks are 10x code's 6.4 ms
+    layout = compute_layout(PROFILE, {"captions": 0.02, "chat": 0.49, "code": 0.49},
+                            samples_per_step=8, rate=20.0, names=("captions", "chat", "code"),
+                            short_task_s=0.005)
+    pools = {p.sources for p in layout.pools}
+    assert ("chat", "code") in pools and ("captions",) in pools
+    for p in layout.pools:  # within every pool, task durations stay within max_ratio (8)
+        tasks = [PROFILE[s].task_seconds for s in p.sources]
+        assert max(tasks) <= 8 * min(tasks)
+    # a looser ratio lets them share
+    loose = compute_layout(PROFILE, {"captions": 0.02, "chat": 0.49, "code": 0.49}, samples_per_step=8,
+                           rate=20.0, names=("captions", "chat", "code"), short_task_s=0.005, max_ratio=20)
+    assert len(loose.pools) == 1
+
+
+def test_workers_follow_demand_and_rate():
+    slow = compute_layout(PROFILE, WEIGHTS, samples_per_step=32, rate=1.0)
+    fast = compute_layout(PROFILE, WEIGHTS, samples_per_step=32, rate=8.0)
+    # 0.25 x 32 x 8 x 0.06 = 3.84 busy threads x 1.25 = 4.8 -> 5 workers
+    assert fast.pool_of("wallpapers").workers == 5
+    assert slow.pool_of("wallpapers").workers == 1  # 0.48 x 1.25 = 0.6 < 1: cheap at this rate
+    assert fast.cores >= slow.cores
+
+
+def test_threads_only_where_the_gil_is_released():
+    gil_free = Profile((prof("images", 50.0, speedup=1.95),))   # p ~ 0.97
+    gil_bound = Profile((prof("images", 50.0, speedup=1.02),))  # p ~ 0.04
+    a = compute_layout(gil_free, {"images": 1.0}, samples_per_step=16, rate=4.0, max_threads=4)
+    b = compute_layout(gil_bound, {"images": 1.0}, samples_per_step=16, rate=4.0, max_threads=4)
+    need = 16 * 4 * 0.05 * 1.25  # 4.0 busy threads
+    assert b.pools[0].threads == 1 and b.pools[0].workers == math.ceil(need)
+    pa = a.pools[0]  # 4 cores either way; threads where they scale: fewer processes
+    assert pa.threads == 4 and pa.workers == 1 and pa.cores == b.pools[0].cores
+    assert amdahl_speedup(1.0, 4) == pytest.approx(4.0) and amdahl_speedup(0.0, 4) == pytest.approx(1.0)
+
+
+def test_fit_layout_finds_the_fastest_rate_within_the_core_budget():
+    layout = fit_layout(PROFILE, WEIGHTS, samples_per_step=32, cores=6)
+    assert layout.cores <= 6
+    faster = compute_layout(PROFILE, WEIGHTS, samples_per_step=32, rate=layout.rate * 1.01)
+    assert faster.cores > 6
+    with pytest.raises(PlanError, match="smallest layout needs"):
+        fit_layout(PROFILE, WEIGHTS, samples_per_step=32, cores=1, max_ratio=1, short_task_s=0.0)
+
+
+def test_peak_stage_is_the_most_demanding_one():
+    cost = {"wallpapers": 0.06, "chat": 0.0001}
+    label, weights = peak_stage(StagedMixture([(0, {"chat": 1.0}), (100, {"chat": 1, "wallpapers": 1}),
+                                               (200, {"chat": 3, "wallpapers": 1})]), ["wallpapers", "chat"], cost)
+    assert label == "stage from step 100" and weights == {"wallpapers": 0.5, "chat": 0.5}
+    label, weights = peak_stage(LinearRamp(0, 10, {"chat": 1.0}, {"wallpapers": 1.0, "chat": 3.0}),
+                                ["wallpapers", "chat"], cost)
+    assert label == "ramp end (step 10)" and weights["wallpapers"] == 0.25
+    layout = compute_layout(PROFILE, LinearRamp(0, 10, {"chat": 1.0}, {"wallpapers": 1.0}),
+                            samples_per_step=32, rate=1.0, names=("wallpapers", "chat"))
+    assert layout.pool_of("wallpapers").workers == 3  # 32 x 1 x 0.06 x 1.25 = 2.4 at the ramp's end
+
+
+def test_layout_for_plan_and_round_trip():
+    from mdata.plan import Plan
+
+    plan = (Plan(["wallpapers", "captions", "chat", "code"]).mix(WEIGHTS)
+            .balance(micro_batches=1, max_tokens=4096, global_batch=32))
+    layout = layout_for_plan(plan, PROFILE, rate=2.0)
+    assert layout.samples_per_step == 32 and layout == compute_layout(PROFILE, WEIGHTS, samples_per_step=32, rate=2.0)
+    assert PoolLayout.from_dict(layout.to_dict()) == layout
+    with pytest.raises(PlanError, match="either a target rate"):
+        layout_for_plan(plan, PROFILE)
+    with pytest.raises(PlanError, match="no profile for source"):
+        compute_layout(PROFILE, {"other": 1.0}, samples_per_step=4, rate=1.0, names=("other",))
+
+
+def test_printed_forms_start_exactly_the_layout():
+    layout = compute_layout(PROFILE, WEIGHTS, samples_per_step=32, rate=2.0)
+    lines = dask_worker_commands(layout, "tcp://10.0.0.1:8786", constructors=3)
+    assert lines[0] == "dask scheduler --preload scheduler_plugins.planner"
+    assert ('dask worker tcp://10.0.0.1:8786 --nworkers 2 --nthreads 1 --memory-limit 4GiB '
+            '--resources "pool_wallpapers=1" --name wallpapers') in lines
+    assert any('--resources "pool_chat=1 pool_code=1 pool_captions=1"' in line for line in lines)
+    assert lines[-1].startswith("dask worker tcp://10.0.0.1:8786 --nworkers 3 ")
+    docs = list(yaml.safe_load_all(kubernetes_manifest(layout, image="me/mdata:1")))
+    assert [d["kind"] for d in docs] == ["DaskCluster"] + ["DaskWorkerGroup"] * len(layout.pools)
+    for doc, pool in zip(docs[1:], layout.pools):
+        worker = doc["spec"]["worker"]
+        args = worker["spec"]["containers"][0]["args"]
+        assert worker["replicas"] == pool.workers and doc["spec"]["cluster"] == "mdata"
+        assert args[args.index("--resources") + 1] == " ".join(f"pool_{s}={pool.threads}" for s in pool.sources)
+    text = str(layout)
+    assert "2 pools, 3 workers, 3 cores" in text and "wallpapers" in text
+
+
+def test_default_pools_give_image_sources_their_own_pool(tmp_path):
+    """The image source used to land in the text pool: DecodeImageCaption had no ``kind``."""
+    from mdata.driver import default_pools
+    from mdata.sources import DecodeImageCaption, SampleTransform, Source, TokenizeText
+    from mdata.spec import SourceSpec
+
+    class Thumbnails(SampleTransform):  # a user transform that says nothing but makes images
+        produces_images = True
+
+    sources = [Source("fortunes", str(tmp_path), transform=TokenizeText()),
+               Source("wallpapers", str(tmp_path), transform=DecodeImageCaption()),
+               Source("thumbs", str(tmp_path), format="jsonl", transform=Thumbnails())]
+    pools = {p.name: p.sources for p in default_pools(sources)}
+    assert pools == {"wallpapers": ("wallpapers",), "thumbs": ("thumbs",), "text0": ("fortunes",)}
+    # plan-file sources (transforms by reference, as `mdata cluster up --plan` reads them)
+    specs = [SourceSpec("fortunes", "/d", transform={"type": "mdata.sources.transforms:TokenizeText", "args": {}}),
+             SourceSpec("wallpapers", "/d", transform={"type": "mdata.sources.transforms:DecodeImageCaption",
+                                                      "args": {}}),
+             SourceSpec("qa", "/d", transform={"type": "my_job:QATemplate", "args": {}})]
+    assert [source_cost_class(s) for s in specs] == ["cheap", "expensive", "unknown"]
+    pools = {p.name: p.sources for p in default_pools(specs)}
+    assert pools == {"wallpapers": ("wallpapers",), "qa": ("qa",), "text0": ("fortunes",)}
