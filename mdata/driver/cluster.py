@@ -378,8 +378,8 @@ def cluster_up_cli(args: argparse.Namespace) -> int:
             with Client(c.scheduler_address, set_as_default=False) as client:
                 info = submit_job(client, plan, job=args.job)
             print(f"job: {args.job} (fingerprint {info['fingerprint']}, world size {info['world_size']})")
-        print("press Ctrl-C to stop", flush=True)
         try:
+            print("press Ctrl-C to stop", flush=True)
             while True:
                 time.sleep(3600)
         except KeyboardInterrupt:
