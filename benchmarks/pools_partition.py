@@ -7,15 +7,15 @@ to decode each on a quiet core), mixed with the example corpus's short ``chat`` 
 and small ``captions`` crops. The trainer (one rank in this process) consumes batches as fast as
 they come, so steps/s is what the loader pools can feed.
 
-Three layouts of the same ``CORES`` loader cores (workers x threads, constructors and the
+Three layouts of the same loader cores (4 in quick mode, 6 in full) (workers x threads, constructors and the
 Planner alike in each):
 
 * **computed**: :func:`mdata.pool_layout.fit_layout` on a fresh :func:`mdata.profile.profile_sources`
-  of the plan's sources, the fastest layout that fits in ``CORES``;
+  of the plan's sources, the fastest layout that fits in those cores;
 * **one pool per source**: each source its own pool; the cores beyond one per pool go to the pools
   in proportion to their measured demand (largest remainder). A user without a profile could not
   do that; it favours the baseline;
-* **all in one**: one pool serving every source, ``CORES`` one-thread workers.
+* **all in one**: one pool serving every source, one one-thread worker per core.
 
 The figure is ``computed / max(one per source, all in one)``, each the median of ``repeats`` runs
 (interleaved, so slow phases of this shared machine hit every layout alike). On a 2-core machine
@@ -44,12 +44,11 @@ __all__ = ["run", "wallpaper_source", "image_heavy_plan"]
 
 #: Native wallpaper sizes (4.1, 8.3, 12.6, 14.7 and 16.0 MPix).
 SIZES = ((2560, 1600), (3840, 2160), (4096, 3072), (5120, 2880), (4896, 3264))
-WEIGHTS = {"wallpapers": 1.0, "captions": 1.0, "chat": 4.0, "code": 2.0}
+WEIGHTS = {"wallpapers": 2.0, "captions": 1.0, "chat": 4.0, "code": 1.0}
 GLOBAL_BATCH = 16
-CORES = 4
 
 
-def wallpaper_source(rows: int = 20, *, dest: Path | None = None, chunk_rows: int = 4) -> Source:
+def wallpaper_source(rows: int = 16, *, dest: Path | None = None, chunk_rows: int = 4) -> Source:
     """An image-caption source of ``rows`` native-size JPEGs in two Parquet shards, written once
     (deterministically) under ``.cache/mdata`` and reused."""
     import pyarrow as pa
@@ -100,7 +99,7 @@ def per_source_pools(profile, weights: dict[str, float], cores: int):
 
     names = list(weights)
     total = sum(weights.values())
-    demand = {n: weights[n] / total * profile[n].seconds_per_sample for n in names}
+    demand = {n: weights[n] / total * profile[n].cost() for n in names}
     extra = max(0, cores - len(names))
     share = {n: extra * demand[n] / sum(demand.values()) for n in names}
     workers = {n: 1 + int(share[n]) for n in names}
@@ -134,21 +133,21 @@ def run(quick: bool = True) -> dict:
     from mdata.pool_layout import fit_layout
     from mdata.profile import profile_sources
 
-    rows, warm, steps, repeats = (12, 3, 12, 1) if quick else (40, 6, 60, 3)
-    sources = _sources(rows)
+    cores, warm, steps, repeats = (4, 4, 24, 1) if quick else (6, 6, 80, 3)
+    sources = _sources(16)
     plan = image_heavy_plan(sources)
     profile = profile_sources(sources, rows=8 if quick else 32, threads=2, progress=False)
     weights = {s.name: WEIGHTS[s.name] for s in sources}
-    layout = fit_layout(profile, plan.mixture, samples_per_step=GLOBAL_BATCH, cores=CORES)
+    layout = fit_layout(profile, plan.mixture, samples_per_step=GLOBAL_BATCH, cores=cores)
     layouts = {
         "computed": layout_pools(layout, standbys=0),
-        "per_source": per_source_pools(profile, weights, CORES),
-        "all_in_one": [PoolSpec(name="all", sources=tuple(weights), workers=CORES, standbys=0)],
+        "per_source": per_source_pools(profile, weights, cores),
+        "all_in_one": [PoolSpec(name="all", sources=tuple(weights), workers=cores, standbys=0)],
     }
     rates: dict[str, list[float]] = {k: [] for k in layouts}
     for _ in range(repeats):
         for name, pools in layouts.items():
-            assert sum(p.workers * p.threads for p in pools) == CORES
+            assert sum(p.workers * p.threads for p in pools) == cores
             rates[name].append(steps_per_second(sources, plan, pools, warm=warm, steps=steps))
     med = {k: statistics.median(v) for k, v in rates.items()}
     best_name = max(("per_source", "all_in_one"), key=lambda k: med[k])
@@ -157,10 +156,10 @@ def run(quick: bool = True) -> dict:
         "pools.partition_vs_best": figure(
             med["computed"], med[best_name], ratio=med["computed"] / med[best_name], unit="steps/s",
             goal=">= 1 at equal cores",
-            note=f"{CORES} loader cores; computed [{shape}] vs best of one-pool-per-source "
+            note=f"{cores} loader cores; computed [{shape}] vs best of one-pool-per-source "
                  f"{med['per_source']:.3g} and all-in-one {med['all_in_one']:.3g} steps/s "
-                 f"(best: {best_name}); wallpapers {profile['wallpapers'].seconds_per_sample * 1e3:.3g} "
-                 f"ms/sample, chat {profile['chat'].seconds_per_sample * 1e3:.3g}"),
+                 f"(best: {best_name}); wallpapers {profile['wallpapers'].cost() * 1e3:.3g} "
+                 f"CPU ms/sample, chat {profile['chat'].cost() * 1e3:.3g}"),
         "pools.steps_per_s_per_source": med["per_source"],
         "pools.steps_per_s_all_in_one": med["all_in_one"],
     }

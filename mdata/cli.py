@@ -43,7 +43,7 @@ def _print_layout(plan, profile, args: argparse.Namespace) -> None:
     from mdata.pool_layout_text import dask_worker_commands, kubernetes_manifest
 
     cores = None if args.rate is not None else (args.cores or os.cpu_count() or 1)
-    layout = layout_for_plan(plan, profile, rate=args.rate, cores=cores)
+    layout = layout_for_plan(plan, profile, rate=args.rate, cores=cores, basis=args.basis)
     print(layout)
     print("\n# start it with the dask CLI:")
     print("\n".join(dask_worker_commands(layout, args.scheduler)))
@@ -92,6 +92,9 @@ def _layout_args(parser: argparse.ArgumentParser) -> None:
                        help="target steps/s the pools must feed (default: the fastest --cores allow)")
     group.add_argument("--cores", type=int, default=None,
                        help="loader cores to lay out (default: this machine's CPUs)")
+    parser.add_argument("--basis", choices=["cpu", "wall"], default="cpu",
+                        help="per-sample cost from the profile: CPU time (default; a busy profiling "
+                        "machine does not move it) or wall time (counts storage waits: remote data)")
 
 
 def _fail(exc: Exception) -> int:

@@ -5,6 +5,10 @@ Demand of source ``i`` in busy loader threads is, as the Planner's online sizing
 
     weight_i x samples_per_step x steps_per_second x seconds_per_sample_i
 
+with the profile's CPU seconds per sample (``basis="cpu"``, the default: robust to a busy
+profiling machine) or its wall seconds (``basis="wall"``: also counts waiting on storage; use it
+for remote sources profiled on a quiet machine, from where the loaders will read)
+
 taken at the *most demanding stage* of the mixture (the stage whose samples cost the most per
 step: a curriculum that ends image-heavy is laid out for its end). Then:
 
@@ -207,7 +211,7 @@ def _pool_name(sources: Sequence[str], taken: set[str], index: int) -> str:
 def compute_layout(profile: Profile, mixture: MixtureSchedule | Mapping[str, float], *,
                    samples_per_step: int, rate: float, headroom: float = 1.25, max_ratio: float = 8.0,
                    short_task_s: float | None = None, max_threads: int = 4, min_efficiency: float = 0.8,
-                   names: Sequence[str] | None = None) -> PoolLayout:
+                   basis: str = "cpu", names: Sequence[str] | None = None) -> PoolLayout:
     """Pools for ``rate`` steps/s of ``samples_per_step`` samples (see the module docstring).
 
     ``names`` are the sources to lay out (default: the profiled ones); each must be profiled.
@@ -223,8 +227,10 @@ def compute_layout(profile: Profile, mixture: MixtureSchedule | Mapping[str, flo
     prof: dict[str, SourceProfile] = {n: profile[n] for n in names}
     if short_task_s is None:
         short_task_s = max(0.05, 0.5 / rate)
-    stage, weights = peak_stage(mixture, names, {n: prof[n].seconds_per_sample for n in names})
-    demand = {n: weights[n] * samples_per_step * rate * prof[n].seconds_per_sample for n in names}
+    cost = {n: prof[n].cost(basis) for n in names}
+    stage, weights = peak_stage(mixture, names, cost)
+    demand = {n: weights[n] * samples_per_step * rate * cost[n] for n in names}
+    task = {n: cost[n] * prof[n].chunk_rows for n in names}  # how long a load task holds a thread
 
     groups: list[tuple[list[str], str]] = []
     cheap = []
@@ -236,12 +242,11 @@ def compute_layout(profile: Profile, mixture: MixtureSchedule | Mapping[str, flo
                                 "threads with headroom): its own pool"))
         else:
             cheap.append(n)
-    cheap.sort(key=lambda n: (prof[n].task_seconds, n))
+    cheap.sort(key=lambda n: (task[n], n))
     current: list[str] = []
     for n in cheap:
-        lo = prof[current[0]].task_seconds if current else 0.0
-        task = prof[n].task_seconds
-        if current and (task <= short_task_s or task <= max_ratio * max(lo, 1e-12)):  # lo <= task
+        lo = task[current[0]] if current else 0.0
+        if current and (task[n] <= short_task_s or task[n] <= max_ratio * max(lo, 1e-12)):  # lo <= task
             current.append(n)
             continue
         if current:
@@ -260,7 +265,7 @@ def compute_layout(profile: Profile, mixture: MixtureSchedule | Mapping[str, flo
         name = _pool_name(sources, taken, index)
         taken.add(name)
         if not why:
-            tasks = ", ".join(f"{s} {prof[s].task_seconds * 1e3:.3g} ms" for s in sources)
+            tasks = ", ".join(f"{s} {task[s] * 1e3:.3g} ms" for s in sources)
             why = (f"cheap: no source fills a worker (load tasks {tasks}; a pool mixes tasks within "
                    f"x{max_ratio:g} of each other, or all under {short_task_s * 1e3:.3g} ms)")
         why += (f"; {need:.2f} busy threads with x{headroom:g} headroom, parallel fraction {p:.0%}: "
@@ -283,7 +288,7 @@ def fit_layout(profile: Profile, mixture: MixtureSchedule | Mapping[str, float],
                         f"pools of at least one worker) but the budget is {cores}; raise the budget "
                         "or max_ratio (fewer, larger pools)")
     # Above this rate even the cheapest source alone would need more than `cores` threads.
-    cheapest = min(profile[n].seconds_per_sample for n in names)
+    cheapest = min(profile[n].cost(options.get("basis", "cpu")) for n in names)
     lo, hi = 1e-9, 2.0 * cores / max(samples_per_step * cheapest, 1e-12)
     best = lowest
     for _ in range(60):

@@ -7,7 +7,9 @@ reads a sample of rows from every source exactly as a load task does (:func:`mda
 through a :class:`~mdata.sources.ReaderCache`, chunk by chunk) and records, per source:
 
 - ``seconds_per_sample``: wall time of one loader thread per sample (read + transform), what the
-  Planner's pool sizing measures on live workers too, and ``cpu_seconds_per_sample`` beside it;
+  Planner's pool sizing measures on live workers too, and ``cpu_seconds_per_sample`` beside it
+  (the process's CPU time: Arrow decodes Parquet pages in its own threads), which is what a
+  layout uses by default because other programs on the profiling machine do not move it;
 - ``bytes_per_sample``: the loaded sample's size in worker memory (tokens, image pixels);
 - ``reader_bytes``: memory of one open reader (Python objects by tracemalloc, plus Arrow's pool),
   which every worker of the source's pool holds per open shard;
@@ -69,6 +71,16 @@ class SourceProfile:
     samples_per_s_1: float
     samples_per_s_n: float
     produces_images: bool = False
+
+    def cost(self, basis: str = "cpu") -> float:
+        """Seconds a loader thread spends per sample: ``"cpu"`` (process CPU time, unmoved by
+        other programs competing for the cores) or ``"wall"`` (elapsed time, which also counts
+        waiting on storage, and on the CPU when the profiling machine was busy)."""
+        if basis == "cpu":
+            return self.cpu_seconds_per_sample
+        if basis == "wall":
+            return self.seconds_per_sample
+        raise PlanError(f"cost basis must be 'cpu' or 'wall', got {basis!r}")
 
     @property
     def task_seconds(self) -> float:

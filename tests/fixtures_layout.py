@@ -37,4 +37,4 @@ def image_heavy_plan(root):
 def rate_for(profile, plan, busy_threads: float) -> float:
     """The step rate at which the photos need ``busy_threads`` threads, headroom included."""
     weight = 2.0 / 4.0
-    return busy_threads / (1.25 * weight * plan.balance_spec.global_batch * profile["photos"].seconds_per_sample)
+    return busy_threads / (1.25 * weight * plan.balance_spec.global_batch * profile["photos"].cost())

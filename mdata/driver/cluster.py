@@ -340,7 +340,8 @@ def _layout_to_serve(plan, args: argparse.Namespace):
 
     rate = getattr(args, "rate", None)
     cores = None if rate is not None else (getattr(args, "cores", None) or os.cpu_count() or 1)
-    return layout_for_plan(plan, Profile.load(args.profile), rate=rate, cores=cores)
+    return layout_for_plan(plan, Profile.load(args.profile), rate=rate, cores=cores,
+                           basis=getattr(args, "basis", "cpu"))
 
 
 def cluster_up_cli(args: argparse.Namespace) -> int:

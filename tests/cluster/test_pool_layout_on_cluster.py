@@ -27,7 +27,7 @@ def test_a_profiled_layout_serves_an_image_heavy_plan(tmp_path):
 
     plan = image_heavy_plan(tmp_path)
     profile = profile_sources(plan.sources, rows=8, threads=2, progress=False)
-    assert profile["photos"].seconds_per_sample > 20 * profile["notes"].seconds_per_sample
+    assert profile["photos"].cost() > 20 * profile["notes"].cost()
     layout = layout_for_plan(plan, profile, rate=rate_for(profile, plan, 2.5))
     photos, text = layout.pool_of("photos"), layout.pool_of("notes")
     assert photos.sources == ("photos",) and text is layout.pool_of("code") and text.sources != photos.sources

@@ -52,7 +52,7 @@ def test_no_pool_mixes_task_costs_beyond_the_ratio():
     pools = {p.sources for p in layout.pools}
     assert ("chat", "code") in pools and ("captions",) in pools
     for p in layout.pools:  # within every pool, task durations stay within max_ratio (8)
-        tasks = [PROFILE[s].task_seconds for s in p.sources]
+        tasks = [PROFILE[s].cost() * PROFILE[s].chunk_rows for s in p.sources]
         assert max(tasks) <= 8 * min(tasks)
     # a looser ratio lets them share
     loose = compute_layout(PROFILE, {"captions": 0.02, "chat": 0.49, "code": 0.49}, samples_per_step=8,
@@ -79,6 +79,20 @@ def test_threads_only_where_the_gil_is_released():
     pa = a.pools[0]  # 4 cores either way; threads where they scale: fewer processes
     assert pa.threads == 4 and pa.workers == 1 and pa.cores == b.pools[0].cores
     assert amdahl_speedup(1.0, 4) == pytest.approx(4.0) and amdahl_speedup(0.0, 4) == pytest.approx(1.0)
+
+
+def test_cost_basis_cpu_or_wall():
+    """CPU time by default (a busy profiling machine inflates wall time, not CPU time); wall time
+    on request (a remote source's thread also waits on storage)."""
+    from dataclasses import replace
+
+    remote = Profile((replace(prof("remote", 2.0), seconds_per_sample=0.040),))
+    cpu = compute_layout(remote, {"remote": 1.0}, samples_per_step=32, rate=4.0)
+    wall = compute_layout(remote, {"remote": 1.0}, samples_per_step=32, rate=4.0, basis="wall")
+    assert cpu.pools[0].demand == pytest.approx(32 * 4 * 0.002) and cpu.pools[0].workers == 1
+    assert wall.pools[0].demand == pytest.approx(32 * 4 * 0.040) and wall.pools[0].workers == 7
+    with pytest.raises(PlanError, match="cost basis"):
+        compute_layout(remote, {"remote": 1.0}, samples_per_step=32, rate=4.0, basis="gpu")
 
 
 def test_fit_layout_finds_the_fastest_rate_within_the_core_budget():
