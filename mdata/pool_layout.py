@@ -18,7 +18,9 @@ step: a curriculum that ends image-heavy is laid out for its end). Then:
    busy with a 1 s image chunk makes a 3 ms text chunk behind it wait, and a pool mixing them
    starves its cheap source while holding cores. Tasks shorter than ``short_task_s`` (default:
    half a step at the target rate, at least 50 ms) mix freely: such a wait delays no step, since
-   the Planner loads several steps ahead.
+   the Planner loads several steps ahead. So do the tasks of a pool busy less than
+   ``idle_share`` of the time (its summed demand with headroom): a task then rarely finds the
+   thread taken, and a pool of its own would hold a whole core for a sliver of work.
 2. **Cores, threads, workers.** A pool holds ``ceil(demand x headroom)`` cores. Extra threads in
    one worker help only where the transform releases the GIL, which the profile measures (its
    parallel fraction ``p``): a thread count ``T`` qualifies when Amdahl's efficiency
@@ -211,7 +213,8 @@ def _pool_name(sources: Sequence[str], taken: set[str], index: int) -> str:
 def compute_layout(profile: Profile, mixture: MixtureSchedule | Mapping[str, float], *,
                    samples_per_step: int, rate: float, headroom: float = 1.25, max_ratio: float = 8.0,
                    short_task_s: float | None = None, max_threads: int = 4, min_efficiency: float = 0.8,
-                   basis: str = "cpu", names: Sequence[str] | None = None) -> PoolLayout:
+                   idle_share: float = 0.5, basis: str = "cpu",
+                   names: Sequence[str] | None = None) -> PoolLayout:
     """Pools for ``rate`` steps/s of ``samples_per_step`` samples (see the module docstring).
 
     ``names`` are the sources to lay out (default: the profiled ones); each must be profiled.
@@ -234,9 +237,7 @@ def compute_layout(profile: Profile, mixture: MixtureSchedule | Mapping[str, flo
 
     groups: list[tuple[list[str], str]] = []
     cheap = []
-    for n in names:
-        if weights[n] <= 0:
-            continue
+    for n in names:  # a source unused at the peak stage still needs a pool: it is cheap there
         if demand[n] * headroom >= 1.0:
             groups.append(([n], f"{n} fills a worker by itself ({demand[n] * headroom:.2f} busy "
                                 "threads with headroom): its own pool"))
@@ -245,8 +246,10 @@ def compute_layout(profile: Profile, mixture: MixtureSchedule | Mapping[str, flo
     cheap.sort(key=lambda n: (task[n], n))
     current: list[str] = []
     for n in cheap:
-        lo = task[current[0]] if current else 0.0
-        if current and (task[n] <= short_task_s or task[n] <= max_ratio * max(lo, 1e-12)):  # lo <= task
+        lo = task[current[0]] if current else 0.0  # the group's shortest task; task[n] >= lo
+        similar = task[n] <= short_task_s or task[n] <= max_ratio * max(lo, 1e-12)
+        idle = (sum(demand[c] for c in current) + demand[n]) * headroom <= idle_share
+        if current and (similar or idle):
             current.append(n)
             continue
         if current:
@@ -267,7 +270,8 @@ def compute_layout(profile: Profile, mixture: MixtureSchedule | Mapping[str, flo
         if not why:
             tasks = ", ".join(f"{s} {task[s] * 1e3:.3g} ms" for s in sources)
             why = (f"cheap: no source fills a worker (load tasks {tasks}; a pool mixes tasks within "
-                   f"x{max_ratio:g} of each other, or all under {short_task_s * 1e3:.3g} ms)")
+                   f"x{max_ratio:g} of each other, all under {short_task_s * 1e3:.3g} ms, or any "
+                   f"while it is busy under {idle_share:.0%} of the time)")
         why += (f"; {need:.2f} busy threads with x{headroom:g} headroom, parallel fraction {p:.0%}: "
                 f"{workers} worker(s) x {threads} thread(s) (speedup {speedup:.2f})")
         pools.append(LayoutPool(name, tuple(sources), workers, threads,

@@ -44,20 +44,30 @@ def test_expensive_sources_get_their_own_pool_and_cheap_ones_share():
     assert "fills a worker by itself" in wall.reason and "cheap" in shared.reason
 
 
-def test_no_pool_mixes_task_costs_beyond_the_ratio():
-    # at 20 steps/s half a step is 25 ms (floor 50 ms): captions' 32 ms tasks are 10x code's 6.4 ms
-    layout = compute_layout(PROFILE, {"captions": 0.02, "chat": 0.49, "code": 0.49},
-                            samples_per_step=8, rate=20.0, names=("captions", "chat", "code"),
-                            short_task_s=0.005)
-    pools = {p.sources for p in layout.pools}
-    assert ("chat", "code") in pools and ("captions",) in pools
+def test_no_busy_pool_mixes_task_costs_beyond_the_ratio():
+    # captions' 32 ms tasks are 10x chat's 3.2 ms and 5x code's 6.4 ms; at 600 steps/s of 8 samples
+    # chat and code keep a pool busy 55% of the time (headroom included), captions would add 30%
+    weights = {"captions": 0.02, "chat": 0.49, "code": 0.49}
+    layout = compute_layout(PROFILE, weights, samples_per_step=8, rate=600.0,
+                            names=("captions", "chat", "code"), short_task_s=0.005)
+    assert {p.sources for p in layout.pools} == {("chat", "code"), ("captions",)}
     for p in layout.pools:  # within every pool, task durations stay within max_ratio (8)
         tasks = [PROFILE[s].cost() * PROFILE[s].chunk_rows for s in p.sources]
         assert max(tasks) <= 8 * min(tasks)
     # a looser ratio lets them share
-    loose = compute_layout(PROFILE, {"captions": 0.02, "chat": 0.49, "code": 0.49}, samples_per_step=8,
-                           rate=20.0, names=("captions", "chat", "code"), short_task_s=0.005, max_ratio=20)
+    loose = compute_layout(PROFILE, weights, samples_per_step=8, rate=600.0,
+                           names=("captions", "chat", "code"), short_task_s=0.005, max_ratio=20)
     assert len(loose.pools) == 1
+    # a pool busy under half the time mixes any tasks: a pool of its own would idle a whole core
+    idle = compute_layout(PROFILE, weights, samples_per_step=8, rate=20.0,
+                          names=("captions", "chat", "code"), short_task_s=0.005)
+    assert len(idle.pools) == 1 and "busy under 50% of the time" in idle.pools[0].reason
+
+
+def test_a_source_unused_at_the_peak_stage_still_gets_a_pool():
+    layout = compute_layout(PROFILE, StagedMixture([(0, {"chat": 1.0}), (10, {"wallpapers": 1.0})]),
+                            samples_per_step=32, rate=2.0, names=("wallpapers", "chat"))
+    assert layout.stage == "stage from step 10" and layout.pool_of("chat").demand == 0.0
 
 
 def test_workers_follow_demand_and_rate():
@@ -101,7 +111,7 @@ def test_fit_layout_finds_the_fastest_rate_within_the_core_budget():
     faster = compute_layout(PROFILE, WEIGHTS, samples_per_step=32, rate=layout.rate * 1.01)
     assert faster.cores > 6
     with pytest.raises(PlanError, match="smallest layout needs"):
-        fit_layout(PROFILE, WEIGHTS, samples_per_step=32, cores=1, max_ratio=1, short_task_s=0.0)
+        fit_layout(PROFILE, WEIGHTS, samples_per_step=32, cores=1, max_ratio=1, short_task_s=0.0, idle_share=0.0)
 
 
 def test_peak_stage_is_the_most_demanding_one():
