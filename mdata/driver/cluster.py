@@ -18,8 +18,12 @@ import dataclasses
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from mdata.errors import PlanError
+
+if TYPE_CHECKING:
+    from mdata.pool_layout import LayoutPool, PoolLayout
 
 __all__ = ["PoolSpec", "MdataCluster", "PoolAutoscaler", "start_cluster", "default_pools",
            "layout_pools", "cluster_up_cli"]
@@ -96,7 +100,8 @@ def default_pools(sources: Iterable, *, cheap_group_size: int = 4) -> list[PoolS
     return pools
 
 
-def layout_pools(layout_or_pools, **options) -> list[PoolSpec]:
+def layout_pools(layout_or_pools: "PoolLayout | Iterable[PoolSpec | LayoutPool]",
+                 **options: Any) -> list[PoolSpec]:
     """PoolSpecs for a :class:`~mdata.pool_layout.PoolLayout` (or its ``pools``): same names,
     sources, workers and threads; ``options`` (``memory_limit``, ``standbys``) apply to all."""
     pools = getattr(layout_or_pools, "pools", layout_or_pools)
@@ -246,8 +251,8 @@ def _worker(threads: int, resources: Mapping[str, int], memory_limit, host: str)
 def start_cluster(
     sources: Sequence,
     *,
-    pools: Sequence[PoolSpec] | None = None,
-    layout=None,
+    pools: "Sequence[PoolSpec | LayoutPool] | None" = None,
+    layout: "PoolLayout | None" = None,
     constructors: int | None = None,
     constructor_threads: int | None = None,
     host: str | None = None,

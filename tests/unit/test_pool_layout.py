@@ -182,3 +182,23 @@ def test_default_pools_give_image_sources_their_own_pool(tmp_path):
     assert [source_cost_class(s) for s in specs] == ["cheap", "expensive", "unknown"]
     pools = {p.name: p.sources for p in default_pools(specs)}
     assert pools == {"wallpapers": ("wallpapers",), "qa": ("qa",), "text0": ("fortunes",)}
+
+
+def test_plan_layout_command_prints_the_layout_of_a_plan_file(tmp_path, capsys):
+    from mdata.cli import main
+    from mdata.plan import Plan
+
+    plan = (Plan(["wallpapers", "captions", "chat", "code"]).mix(WEIGHTS)
+            .balance(micro_batches=1, max_tokens=4096, global_batch=32))
+    plan_file = plan.to_file(tmp_path / "job.yaml")
+    PROFILE.save(tmp_path / "job.profile.json")
+    args = ["plan", "layout", str(plan_file), "--profile", str(tmp_path / "job.profile.json")]
+    assert main(args + ["--rate", "2", "--kubernetes"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("pool layout for 2 steps/s x 32 samples/step (static): 2 pools, 3 workers, 3 cores")
+    assert '--nworkers 2 --nthreads 1 --memory-limit 4GiB --resources "pool_wallpapers=1"' in out
+    assert out.count("kind: DaskWorkerGroup") == 2
+    assert main(args + ["--cores", "6"]) == 0
+    assert ", 6 cores" in capsys.readouterr().out.splitlines()[0]
+    assert main(args[:-1] + [str(tmp_path / "missing.json"), "--rate", "2"]) == 2
+    assert "cannot read profile" in capsys.readouterr().err
