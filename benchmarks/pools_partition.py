@@ -30,6 +30,7 @@ from __future__ import annotations
 import io
 import logging
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -155,6 +156,7 @@ def run(quick: bool = True) -> dict:
             pools = layouts[name]
             assert sum(p.workers * p.threads for p in pools) == cores
             rates[name].append(steps_per_second(sources, plan, pools, warm=warm, steps=steps))
+            print(f"[pools_partition] {name}: {rates[name][-1]:.3g} steps/s", file=sys.stderr)
     med = {k: statistics.median(v) for k, v in rates.items()}
     best_name = max(("per_source", "all_in_one"), key=lambda k: med[k])
     shape = ", ".join(f"{p.name} {p.workers}x{p.threads}" for p in layout.pools)
@@ -173,7 +175,6 @@ def run(quick: bool = True) -> dict:
 
 if __name__ == "__main__":
     import json
-    import sys
 
     began = time.perf_counter()
     print(json.dumps(run(quick="--full" not in sys.argv), indent=1))
