@@ -122,7 +122,7 @@ def steps_per_second(sources, plan: Plan, pools, *, warm: int, steps: int) -> fl
 
     logging.getLogger("distributed").setLevel(logging.ERROR)
     with start_cluster(sources, pools=pools, constructors=1, constructor_threads=2,
-                       dashboard_address=None) as cluster:
+                       dashboard_address=":0") as cluster:
         with Client(cluster.scheduler_address, set_as_default=False) as client:
             submit_job(client, plan, job="partition")
         stamps = []

@@ -35,7 +35,7 @@ def test_a_profiled_layout_serves_an_image_heavy_plan(tmp_path):
     assert text.workers == 1
 
     with start_cluster(plan.sources, layout=layout, constructors=1, constructor_threads=1,
-                       dashboard_address=None) as cluster, \
+                       dashboard_address=":0") as cluster, \
             Client(cluster.scheduler_address, set_as_default=False) as client:
         client.wait_for_workers(photos.workers + text.workers + 1, timeout=60)
         running = pool_resources(client)
