@@ -91,7 +91,8 @@ def _layout_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--rate", type=float, default=None,
                        help="target steps/s the pools must feed (default: the fastest --cores allow)")
     group.add_argument("--cores", type=int, default=None,
-                       help="loader cores to lay out (default: this machine's CPUs)")
+                       help="loader cores to lay out (default: this machine's CPUs; for `cluster up`, "
+                       "less the constructors' threads)")
     parser.add_argument("--basis", choices=["cpu", "wall"], default="cpu",
                         help="per-sample cost from the profile: CPU time (default; a busy profiling "
                         "machine does not move it) or wall time (counts storage waits: remote data)")

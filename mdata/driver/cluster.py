@@ -335,16 +335,22 @@ def _plan_to_serve(path: str):
 
 def _layout_to_serve(plan, args: argparse.Namespace):
     """The pools of ``--profile`` (a file ``mdata profile`` wrote) at ``--rate`` steps/s, or the
-    fastest that fits ``--cores`` loader cores (default: this machine's CPUs); None without one."""
+    fastest that fits ``--cores`` loader cores (default: this machine's CPUs less the
+    constructors' threads); None without a profile."""
     if not getattr(args, "profile", None):
         return None
     import os
 
+    from mdata import config
     from mdata.pool_layout import layout_for_plan
     from mdata.profile import Profile
 
     rate = getattr(args, "rate", None)
-    cores = None if rate is not None else (getattr(args, "cores", None) or os.cpu_count() or 1)
+    cores = None
+    if rate is None:
+        constructors = args.constructors if args.constructors is not None else config.get("cluster.constructors")
+        spare = (os.cpu_count() or 1) - int(constructors) * int(config.get("cluster.constructor-threads"))
+        cores = getattr(args, "cores", None) or max(1, spare)
     return layout_for_plan(plan, Profile.load(args.profile), rate=rate, cores=cores,
                            basis=getattr(args, "basis", "cpu"))
 
