@@ -223,7 +223,7 @@ def profile_source(source: Any, *, rows: int = 64, threads: int | None = None,
     """Profile one built :class:`~mdata.sources.Source` on up to ``rows`` of its rows.
 
     One untimed chunk first warms the process (the transform's setup, codec plugins, the page
-    cache); then the rows are loaded once on one thread (timed, wall and thread CPU), then by
+    cache); then the rows are loaded once on one thread (timed: wall and process CPU), then by
     ``threads`` threads at once, each loading the same rows, through one shared reader cache as
     a worker's threads share theirs. ``threads`` defaults to ``min(4, CPUs)``; 1 skips the
     scaling measurement.
