@@ -27,8 +27,75 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def _cmd_cluster_up(args: argparse.Namespace) -> int:
     from mdata.driver import cluster_up_cli
+    from mdata.errors import MdataError
 
-    return cluster_up_cli(args)
+    try:
+        return cluster_up_cli(args)
+    except MdataError as exc:
+        return _fail(exc)
+
+
+def _print_layout(plan, profile, args: argparse.Namespace) -> None:
+    """The layout of ``plan`` from ``profile``: table, dask worker lines, optionally Kubernetes."""
+    import os
+
+    from mdata.pool_layout import layout_for_plan
+    from mdata.pool_layout_text import dask_worker_commands, kubernetes_manifest
+
+    cores = None if args.rate is not None else (args.cores or os.cpu_count() or 1)
+    layout = layout_for_plan(plan, profile, rate=args.rate, cores=cores, basis=args.basis)
+    print(layout)
+    print("\n# start it with the dask CLI:")
+    print("\n".join(dask_worker_commands(layout, args.scheduler)))
+    if args.kubernetes:
+        print("\n# or on Kubernetes (dask-kubernetes operator):")
+        print(kubernetes_manifest(layout), end="")
+
+
+def _cmd_profile(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from mdata.errors import MdataError
+    from mdata.plan import Plan
+    from mdata.profile import profile_sources
+
+    try:
+        plan = Plan.from_file(args.plan)
+        profile = profile_sources(plan.sources, rows=args.rows, threads=args.threads)
+        out = Path(args.out) if args.out else Path(Path(args.plan).stem + ".profile.json")
+        profile.save(out)
+        print(profile.table())
+        print(f"wrote {out}")
+        if args.layout:
+            print()
+            _print_layout(plan, profile, args)
+    except MdataError as exc:
+        return _fail(exc)
+    return 0
+
+
+def _cmd_plan_layout(args: argparse.Namespace) -> int:
+    from mdata.errors import MdataError
+    from mdata.plan import Plan
+    from mdata.profile import Profile
+
+    try:  # sources stay specs: the layout needs their names and the profile, not their code
+        _print_layout(Plan.from_file(args.plan, build_sources=False), Profile.load(args.profile), args)
+    except MdataError as exc:
+        return _fail(exc)
+    return 0
+
+
+def _layout_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--rate", type=float, default=None,
+                       help="target steps/s the pools must feed (default: the fastest --cores allow)")
+    group.add_argument("--cores", type=int, default=None,
+                       help="loader cores to lay out (default: this machine's CPUs; for `cluster up`, "
+                       "less the constructors' threads)")
+    parser.add_argument("--basis", choices=["cpu", "wall"], default="cpu",
+                        help="per-sample cost from the profile: CPU time (default; a busy profiling "
+                        "machine does not move it) or wall time (counts storage waits: remote data)")
 
 
 def _fail(exc: Exception) -> int:
@@ -111,7 +178,24 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a plan file (docs/plan-files.md): serve its sources and register it as --job "
                     "(default: the example corpus in --data, no job)")
     up.add_argument("--job", default="default", help="job name the --plan is registered as")
+    up.add_argument("--profile", default=None,
+                    help="a profile of the plan's sources (`mdata profile`): lay the pools out from "
+                    "it (default: expensive sources get a pool each, cheap ones share)")
+    _layout_args(up)
     up.set_defaults(func=_cmd_cluster_up)
+
+    prof = sub.add_parser("profile", help="measure what each source of a plan costs a loader per "
+                          "sample, write a profile file and print a table")
+    prof.add_argument("plan", help="a plan file (YAML or JSON; docs/plan-files.md)")
+    prof.add_argument("--rows", type=int, default=64, help="rows read per source (default 64)")
+    prof.add_argument("--threads", type=int, default=None,
+                      help="threads of the scaling measurement (default: min(4, CPUs); 1 skips it)")
+    prof.add_argument("--out", default=None, help="profile file to write (default: PLAN_STEM.profile.json)")
+    prof.add_argument("--layout", action="store_true", help="also print the pool layout it implies")
+    prof.add_argument("--scheduler", default="tcp://SCHEDULER:8786", help="address in the dask worker lines")
+    prof.add_argument("--kubernetes", action="store_true", help="also print a dask-kubernetes manifest")
+    _layout_args(prof)
+    prof.set_defaults(func=_cmd_profile)
 
     plan = sub.add_parser("plan", help="show or simulate a plan file").add_subparsers(
         dest="plan_command", required=True
@@ -129,6 +213,14 @@ def build_parser() -> argparse.ArgumentParser:
                      help="profile only the first rows of each shard (quicker, approximate)")
     sim.add_argument("--step-rows", type=int, default=10, help="steps listed one by one (default 10)")
     sim.set_defaults(func=_cmd_plan_simulate)
+    lay = plan.add_parser("layout", help="loader pools for a plan from its profile: a table, dask "
+                          "worker lines and (--kubernetes) a worker-group manifest")
+    lay.add_argument("plan", help="a plan file (YAML or JSON; docs/plan-files.md)")
+    lay.add_argument("--profile", required=True, help="the plan's profile (`mdata profile PLAN`)")
+    lay.add_argument("--scheduler", default="tcp://SCHEDULER:8786", help="address in the dask worker lines")
+    lay.add_argument("--kubernetes", action="store_true", help="also print a dask-kubernetes manifest")
+    _layout_args(lay)
+    lay.set_defaults(func=_cmd_plan_layout)
     return parser
 
 

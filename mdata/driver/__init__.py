@@ -13,10 +13,11 @@ from mdata.driver.cluster import (
     PoolSpec,
     cluster_up_cli,
     default_pools,
+    layout_pools,
     start_cluster,
 )
 from mdata.driver.job import JobHandle, Occurrence, SampleStory
 from mdata.trainer.loader import submit_job
 
 __all__ = ["MdataCluster", "PoolAutoscaler", "PoolSpec", "cluster_up_cli", "default_pools",
-           "start_cluster", "JobHandle", "Occurrence", "SampleStory", "submit_job"]
+           "layout_pools", "start_cluster", "JobHandle", "Occurrence", "SampleStory", "submit_job"]

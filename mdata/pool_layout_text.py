@@ -1,0 +1,110 @@
+"""A pool layout as text: a table for people, ``dask worker`` lines and a Kubernetes manifest for
+deployments beyond one machine.
+
+The embedded cluster runs a layout directly (``start_cluster(sources, layout=...)``); elsewhere the
+same pools are worker processes started by hand, by Slurm or by the dask-kubernetes operator. So a
+layout prints as commands that start exactly its pools: each pool's workers declare
+``pool_<source>=THREADS`` for every source they serve (a worker runs at most that many load tasks
+at once, one per thread), and the scheduler preloads the Planner.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mdata.pool_layout import PoolLayout
+
+__all__ = ["layout_table", "dask_worker_commands", "kubernetes_manifest"]
+
+
+def layout_table(layout: "PoolLayout") -> str:
+    """One line per pool: sources, workers x threads, demand, and the reason."""
+    lines = [f"pool layout for {layout.rate:.3g} steps/s x {layout.samples_per_step} samples/step "
+             f"({layout.stage}): {len(layout.pools)} pools, {layout.workers} workers, {layout.cores} cores"]
+    width = max([len(p.name) for p in layout.pools] + [4])
+    for p in layout.pools:
+        lines.append(f"  {p.name.ljust(width)}  {p.workers} x {p.threads} thr  "
+                     f"demand {p.demand:7.3g}  sources {', '.join(p.sources)}")
+    for p in layout.pools:
+        lines.append(f"  {p.name}: {p.reason}")
+    return "\n".join(lines)
+
+
+def _resources(pool) -> str:
+    return " ".join(f"{k}={v}" for k, v in pool.resources.items())
+
+
+def dask_worker_commands(layout: "PoolLayout", scheduler: str = "tcp://SCHEDULER:8786", *,
+                         constructors: int = 2, constructor_threads: int = 2,
+                         memory_limit: str = "4GiB") -> list[str]:
+    """Shell lines that start the layout with the dask CLI: the scheduler, each pool's workers,
+    the constructors."""
+    lines = ["dask scheduler --preload scheduler_plugins.planner"]
+    for p in layout.pools:
+        lines.append(f'dask worker {scheduler} --nworkers {p.workers} --nthreads {p.threads} '
+                     f'--memory-limit {memory_limit} --resources "{_resources(p)}" --name {p.name}')
+    lines.append(f'dask worker {scheduler} --nworkers {constructors} --nthreads {constructor_threads} '
+                 f'--resources "mdata_constructor={constructor_threads}" --name constructor')
+    return lines
+
+
+def kubernetes_manifest(layout: "PoolLayout", *, cluster: str = "mdata", image: str = "IMAGE",
+                        constructors: int = 2, constructor_threads: int = 2,
+                        memory_limit: str = "4GiB") -> str:
+    """A dask-kubernetes operator manifest (``kubernetes.dask.org/v1``): a ``DaskCluster`` whose
+    default worker group is the constructors, and one ``DaskWorkerGroup`` per pool, each asking
+    for as many CPUs as it runs threads."""
+    def container(threads: int, resources: str) -> list[str]:
+        return [
+            "      containers:",
+            "        - name: worker",
+            f"          image: {image}",
+            "          args: [dask, worker, --name, $(DASK_WORKER_NAME), --nthreads, "
+            f'"{threads}", --memory-limit, {memory_limit}, --resources, "{resources}"]',
+            f"          resources: {{requests: {{cpu: \"{threads}\", memory: {memory_limit}}}, "
+            f"limits: {{cpu: \"{threads}\", memory: {memory_limit}}}}}",
+        ]
+
+    out = [
+        "apiVersion: kubernetes.dask.org/v1",
+        "kind: DaskCluster",
+        "metadata:",
+        f"  name: {cluster}",
+        "spec:",
+        "  scheduler:",
+        "    spec:",
+        "      containers:",
+        "        - name: scheduler",
+        f"          image: {image}",
+        "          args: [dask, scheduler, --preload, scheduler_plugins.planner]",
+        "          ports:",
+        "            - {name: tcp-comm, containerPort: 8786}",
+        "            - {name: http-dashboard, containerPort: 8787}",
+        "    service:",
+        "      type: ClusterIP",
+        f"      selector: {{dask.org/cluster-name: {cluster}, dask.org/component: scheduler}}",
+        "      ports:",
+        "        - {name: tcp-comm, port: 8786, targetPort: tcp-comm}",
+        "        - {name: http-dashboard, port: 8787, targetPort: http-dashboard}",
+        "  worker:                      # the default group: constructors",
+        f"    replicas: {constructors}",
+        "    spec:",
+        *container(constructor_threads, f"mdata_constructor={constructor_threads}"),
+    ]
+    for p in layout.pools:
+        out += [
+            "---",
+            "apiVersion: kubernetes.dask.org/v1",
+            "kind: DaskWorkerGroup",
+            "metadata:",
+            f"  name: {cluster}-pool-{p.name.replace('_', '-')}",
+            f"  annotations: {{mdata.sources: \"{','.join(p.sources)}\"}}",
+            "spec:",
+            f"  cluster: {cluster}",
+            "  worker:",
+            f"    replicas: {p.workers}",
+            "    spec:",
+            *container(p.threads, _resources(p)),
+        ]
+    return "\n".join(out) + "\n"
