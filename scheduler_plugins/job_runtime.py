@@ -240,7 +240,7 @@ class JobRuntime:
         spec = ConstructSpec(
             step=int(ins.step),
             dp_rank=int(ins.dp_rank),
-            chunks=tuple(ChunkPull(tuple(key), tuple(int(i) for i in indices), tuple(self.who_has(key)))
+            chunks=tuple(ChunkPull(tuple(key), tuple(indices.tolist()), tuple(self.who_has(key)))
                          for key, indices in samples.chunk_indices()),
             micro_batch=samples.micro_batch,
             position=samples.position,
