@@ -303,7 +303,8 @@ class Loader:
             if delivered is not None:  # the last one (steps= reached, or closing)
                 self._tell_delivered(delivered)
         except BaseException as exc:  # surface every failure to the consumer, never hang it
-            self._queue.put(exc)
+            if not self._stop.is_set():  # closed: nobody reads, and a full queue would block
+                self._queue.put(exc)
 
     def _tell_delivered(self, step: int) -> None:
         try:
