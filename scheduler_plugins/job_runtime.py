@@ -336,8 +336,10 @@ class JobRuntime:
             stale = self._stale(rank, token, generation)
             if stale is not None:
                 return stale
-        if delivered is not None and not self._closed:  # queued now: before any later ack
-            self._enqueue(self._delivery(rank, delivered, token))
+        if delivered is not None and not self._closed:
+            delivery = self._delivery(rank, delivered, token)
+            if delivery:
+                self._enqueue(delivery)  # queued now, before any later acknowledgement
         key = (step, self.plan.mesh.coordinate(rank).dp)
         began = time.monotonic()
         deadline = began + timeout
@@ -417,7 +419,8 @@ class JobRuntime:
             self.roster.check(rank, token, generation)  # a stale Loader hears it as an error
         delivery = self._delivery(rank, step, token)  # consumed implies delivered, told first
         if not consumed:
-            await self._handle_coalesced(*delivery)
+            if delivery:
+                await self._handle_coalesced(*delivery)
             return
         self.consumed_steps[rank] = max(self.consumed_steps.get(rank, -1), step)
         self.trainer_meter.consumed(rank, step)
