@@ -301,12 +301,14 @@ class MdataFleet:
         return _stats(value, self.dp_of, time.perf_counter() - began)
 
     def __exit__(self, *exc) -> None:
-        for c in reversed(self._conns):
+        # Shutdown order: the trainer host (its Loaders and client) goes first and is gone before
+        # the cluster closes. Stopping both at once left the trainers' client reconnecting to a
+        # closed scheduler for 30 s, and their long polls failing with CommClosedError.
+        for c, p in reversed(list(zip(self._conns, self._procs))):
             try:
                 c.send(("stop",))
             except OSError:
                 pass
-        for p in reversed(self._procs):
             p.join(timeout=60)
             if p.is_alive():
                 p.kill()

@@ -254,7 +254,7 @@ class PlannerPlugin(SchedulerPlugin):
     async def batch_location(self, req: msg.BatchLocationRequest) -> msg.BatchLocationReply:
         check_timeout(req.handler.value, req.timeout)
         return await self._ranked(req).batch_location(req.rank, req.step, req.timeout,
-                                                       req.token, req.generation)
+                                                       req.token, req.generation, req.delivered)
 
     async def ack(self, req: msg.AckRequest) -> msg.OkReply:
         await self._ranked(req).acknowledge(req.rank, req.step, consumed=req.consumed,

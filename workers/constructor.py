@@ -18,8 +18,8 @@ from mdata.batch import DPBatch, build_dp_batch
 from mdata.errors import MdataError
 from mdata.wire.errors import InvalidRequestError
 from mdata.wire.messages import (
-    ConstructSpec, GetBatchReply, GetBatchRequest, NoHandlerError, Status, TakeRowsRequest,
-    WhoHasRequest, ask,
+    ChunkPull, ConstructSpec, GetBatchReply, GetBatchRequest, NoHandlerError, Status,
+    TakeRowsManyRequest, TakeRowsRequest, WhoHasRequest, ask,
 )
 from workers.loader import as_key
 
@@ -106,6 +106,38 @@ async def _reach(worker, key, address: str) -> bool:
             connecting.cancel()
 
 
+async def _pull_grouped(worker, keys: list, pulls: tuple[ChunkPull, ...]) -> list:
+    """First attempt: one request per loader the Planner named, for all the chunks it holds.
+
+    A batch draws on about a dozen chunks from a few loaders; one round trip per loader instead
+    of per chunk is most of what a loader spends serving constructors. Returns each chunk's rows,
+    or None for a chunk this attempt did not get (its loader died, moved it, or is an older
+    worker without the handler): :func:`_pull_rows` then follows that chunk on its own."""
+    import asyncio
+
+    groups: dict[str, list[int]] = {}
+    for i, pull in enumerate(pulls):
+        if pull.who_has:
+            groups.setdefault(pull.who_has[0], []).append(i)
+    pieces: list = [None] * len(pulls)
+
+    async def one(address: str, members: list[int]) -> None:
+        request = TakeRowsManyRequest(tuple(TakeRowsRequest(keys[i], tuple(pulls[i].indices))
+                                            for i in members))
+        try:
+            if not await _reach(worker, keys[members[0]], address):
+                return
+            reply = await asyncio.wait_for(ask(worker.rpc(address), request), timeout=PULL_ATTEMPT_S)
+        except (OSError, asyncio.TimeoutError, NoHandlerError):
+            return  # gone, stuck or shutting down: each chunk is followed on its own
+        for i, answer in zip(members, reply.replies):
+            if answer.status is Status.OK:
+                pieces[i] = answer.chunk
+
+    await asyncio.gather(*(one(address, members) for address, members in groups.items()))
+    return pieces
+
+
 def _known(addresses: list[str] | None, key) -> list[str]:
     if addresses is None:
         raise ChunkReleasedError(f"chunk {key} was released by its job; this batch is no longer wanted")
@@ -131,15 +163,21 @@ def construct_task(msg: dict[str, Any]) -> DPBatch:
         import asyncio
 
         keys = [as_key(pull.key) for pull in spec.chunks]
-        # The Planner's who_has is from submission time; a loader may have died since. Nobody
-        # holding it now means it is being loaded again: wait for it, not for the dead address.
-        current = await _who_has(worker, keys)
-        return await asyncio.gather(
-            *(
-                _pull_rows(worker, key, list(pull.indices), _known(where, key), deadline)
-                for key, pull, where in zip(keys, spec.chunks, current)
-            )
-        )
+        pieces = await _pull_grouped(worker, keys, spec.chunks)
+        missing = [i for i, piece in enumerate(pieces) if piece is None]
+        if missing:
+            # The Planner's who_has is from submission time; a loader may have died since.
+            # Nobody holding it now means it is being loaded again: wait for it, not for the
+            # dead address.
+            current = await _who_has(worker, [keys[i] for i in missing])
+            found = await asyncio.gather(*(
+                _pull_rows(worker, keys[i], list(spec.chunks[i].indices), _known(where, keys[i]),
+                           deadline)
+                for i, where in zip(missing, current)
+            ))
+            for i, piece in zip(missing, found):
+                pieces[i] = piece
+        return pieces
 
     pieces = sync(worker.loop, pull_all)
     return build_dp_batch(

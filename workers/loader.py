@@ -23,7 +23,8 @@ from mdata.sources.listing import list_shards_resolved
 from mdata.spec import SourceSpec
 from mdata.wire.errors import InvalidRequestError
 from mdata.wire.messages import (
-    Status, StorageWaitsReply, StorageWaitsRequest, TakeRowsReply, TakeRowsRequest,
+    Status, StorageWaitsReply, StorageWaitsRequest, TakeRowsManyReply, TakeRowsManyRequest,
+    TakeRowsReply, TakeRowsRequest,
 )
 
 _built: dict[str, Source] = {}  # SourceSpec.key() -> the Source built from it in this process
@@ -155,6 +156,18 @@ def make_take_rows_handler(worker):
         return TakeRowsReply(Status.OK, req.key, chunk.take(indices))
 
     return take_rows
+
+
+def make_take_rows_many_handler(worker):
+    """Build the function behind ``mdata_take_rows_many``: :func:`make_take_rows_handler`'s
+    answer for each of several chunks, in one message (a constructor asks each loader once per
+    batch instead of once per chunk)."""
+    take_rows = make_take_rows_handler(worker)
+
+    def take_rows_many(req: TakeRowsManyRequest) -> TakeRowsManyReply:
+        return TakeRowsManyReply(tuple(take_rows(pull) for pull in req.pulls))
+
+    return take_rows_many
 
 
 def storage_waits_handler(req: StorageWaitsRequest) -> StorageWaitsReply:

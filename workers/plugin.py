@@ -11,10 +11,11 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 import mdata.wire.frames  # noqa: F401  registers the batch wire format on this worker
 from mdata.wire.messages import (
-    GetBatchRequest, SetRoleRequest, StorageWaitsRequest, TakeRowsRequest, serve,
+    GetBatchRequest, SetRoleRequest, StorageWaitsRequest, TakeRowsManyRequest, TakeRowsRequest,
+    serve,
 )
 from workers.constructor import make_get_batch_handler
-from workers.loader import make_take_rows_handler, storage_waits_handler
+from workers.loader import make_take_rows_handler, make_take_rows_many_handler, storage_waits_handler
 from workers.standby import make_set_role_handler
 
 PLUGIN_NAME = "mdata-worker"
@@ -29,10 +30,13 @@ class MdataWorkerPlugin(WorkerPlugin):
 
     def setup(self, worker) -> None:
         worker.handlers[TakeRowsRequest.handler.value] = serve(TakeRowsRequest, make_take_rows_handler(worker))
+        worker.handlers[TakeRowsManyRequest.handler.value] = serve(
+            TakeRowsManyRequest, make_take_rows_many_handler(worker))
         worker.handlers[GetBatchRequest.handler.value] = serve(GetBatchRequest, make_get_batch_handler(worker))
         worker.handlers[StorageWaitsRequest.handler.value] = serve(StorageWaitsRequest, storage_waits_handler)
         worker.handlers[SetRoleRequest.handler.value] = serve(SetRoleRequest, make_set_role_handler(worker))
 
     def teardown(self, worker) -> None:
-        for request in (TakeRowsRequest, GetBatchRequest, StorageWaitsRequest, SetRoleRequest):
+        for request in (TakeRowsRequest, TakeRowsManyRequest, GetBatchRequest, StorageWaitsRequest,
+                        SetRoleRequest):
             worker.handlers.pop(request.handler.value, None)

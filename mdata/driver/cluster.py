@@ -159,7 +159,27 @@ class MdataCluster:
         self.cluster.sync(self.cluster._correct_state)
 
     def close(self) -> None:
+        """Close the jobs first, then the workers and the scheduler. A job still holding its
+        chunks and batches when its workers leave makes the scheduler report every one of them
+        lost ("will be recomputed elsewhere") and cancel loads mid-task; closed first, it has
+        released them and plans nothing more."""
+        self._close_jobs()
         self.cluster.close()
+
+    def _close_jobs(self) -> None:
+        from mdata.wire.messages import CloseJobRequest, JobsRequest, ask
+
+        async def close_all() -> None:
+            comm = self.cluster.scheduler_comm
+            for job in (await ask(comm, JobsRequest())).jobs:
+                await ask(comm, CloseJobRequest(job))
+
+        if getattr(self.cluster, "status", None) is None or self.cluster.status.name != "running":
+            return  # never started or closing already: nothing to ask
+        try:
+            self.cluster.sync(close_all)
+        except OSError:  # the scheduler is gone already: so are its jobs
+            pass
 
     def __enter__(self) -> "MdataCluster":
         return self

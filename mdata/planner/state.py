@@ -99,6 +99,7 @@ class PlannerState:
         #: ranks that receive each DP group's batch (others get it by broadcast)
         self.receivers = [frozenset(self.mesh.receivers(d, plan.broadcast)) for d in range(self.mesh.dp)]
         self._rank_dp = {r: d for d, rs in enumerate(self.receivers) for r in rs}
+        self._receiving = sum(map(len, self.receivers))  # acknowledgements that complete a step
 
         # the collaborators, built here and nowhere else
         orders = source_orders(plan, listings, appended)
@@ -155,6 +156,22 @@ class PlannerState:
             log((ev.stimulus_id, ev, tuple(instr)))
             out.extend(instr)
         return out
+
+    def is_quiet(self, events: Sequence[PlannerEvent]) -> bool:
+        """Whether ``handle(*events)`` plans nothing (deliveries, consumptions too few to complete
+        a step): the scheduler applies most batches so, without a hop to its planning thread."""
+        acks: dict[int, int] = {}
+        for ev in events:
+            kind = type(ev)
+            if kind is BatchConsumed or kind is RanksConsumed:
+                acks[ev.step] = acks.get(ev.step, 0) + (1 if kind is BatchConsumed else len(ev.ranks))
+            elif kind is not BatchDelivered:
+                return False
+        for step, n in acks.items():
+            st = self.steps.get(step)
+            if st is None or not st.balanced or n >= self._receiving - sum(map(len, st.consumed.values())):
+                return False
+        return self.failed is None
 
     def story(self, stimulus_id: str) -> list[LogEntry]:
         """Log entries of one stimulus (events and what they caused)."""

@@ -277,6 +277,7 @@ class Loader:
 
         step = self._next_step
         end = None if self.steps is None else step + self.steps
+        delivered = None  # the step received and not told yet: told with the next location
         try:
             while not self._stop.is_set() and (end is None or step < end):
                 began = time.monotonic()
@@ -287,10 +288,8 @@ class Loader:
                                    "broadcast_from": self.broadcast_source},
                             dict(location.checkpoint))
                 else:
-                    location, batch = self._locate_and_fetch(step)
-                    ask_sync(self.client, AckRequest(job=self.job, rank=self.rank, step=step,
-                                                     consumed=False, token=self._token,
-                                                     generation=self._generation))
+                    location, batch = self._locate_and_fetch(step, delivered)
+                    delivered = step
                     tensors = batch_to_torch(batch, device=self.device)
                     item = (step, {"step": step, **tensors}, dict(location.checkpoint))
                 self.fetch_seconds += time.monotonic() - began
@@ -301,15 +300,29 @@ class Loader:
                     except queue.Full:
                         continue
                 step += 1
+            if delivered is not None:  # the last one (steps= reached, or closing)
+                self._tell_delivered(delivered)
         except BaseException as exc:  # surface every failure to the consumer, never hang it
-            self._queue.put(exc)
+            if not self._stop.is_set():  # closed: nobody reads, and a full queue would block
+                self._queue.put(exc)
 
-    def _locate_and_fetch(self, step: int):
+    def _tell_delivered(self, step: int) -> None:
+        try:
+            ask_sync(self.client, AckRequest(job=self.job, rank=self.rank, step=step,
+                                             consumed=False, token=self._token,
+                                             generation=self._generation))
+        except Exception:
+            if not self._stop.is_set():
+                raise
+            # closing: the cluster may be gone, and nobody reads the queue any more
+
+    def _locate_and_fetch(self, step: int, delivered: int | None = None):
         """Where the batch is, then the batch; a batch whose constructor died is rebuilt by the
-        cluster, so the Loader asks again where it is until its timeout."""
+        cluster, so the Loader asks again where it is until its timeout. ``delivered``: the
+        step received before, told to the Planner with the location request."""
         deadline = time.monotonic() + self.timeout
         while True:
-            location = self._locate(step)
+            location = self._locate(step, delivered)
             try:
                 return location, self._fetch(location)
             except _BatchMoved as exc:
@@ -320,14 +333,14 @@ class Loader:
                     ) from None
                 time.sleep(0.1)
 
-    def _locate(self, step: int) -> BatchLocation:
+    def _locate(self, step: int, delivered: int | None = None) -> BatchLocation:
         began = time.monotonic()
         deadline = began + self.timeout
         while True:
             poll = max(0.1, min(self.poll_interval, deadline - time.monotonic()))
             reply = ask_sync(self.client, BatchLocationRequest(
                 job=self.job, rank=self.rank, step=step, timeout=poll, token=self._token,
-                generation=self._generation))
+                generation=self._generation, delivered=delivered))
             if reply.status is Status.OK:
                 return reply.location
             if reply.status is Status.FAILED:

@@ -48,6 +48,7 @@ class Handler(str, enum.Enum):
     DETACH = "mdata_detach"
     # workers: loaders serve rows, constructors serve batches
     TAKE_ROWS = "mdata_take_rows"
+    TAKE_ROWS_MANY = "mdata_take_rows_many"  # several chunks of one loader in one round trip
     GET_BATCH = "mdata_get_batch"
     STORAGE_WAITS = "mdata_storage_waits"  # any mdata worker: its sources waiting on storage
     SET_ROLE = "mdata_set_role"  # loader pools: promote a standby, demote a returning loader
@@ -56,7 +57,7 @@ class Handler(str, enum.Enum):
         return self.value
 
 
-WORKER_HANDLERS = (Handler.TAKE_ROWS, Handler.GET_BATCH, Handler.STORAGE_WAITS,
+WORKER_HANDLERS = (Handler.TAKE_ROWS, Handler.TAKE_ROWS_MANY, Handler.GET_BATCH, Handler.STORAGE_WAITS,
                    Handler.SET_ROLE)
 SCHEDULER_HANDLERS = tuple(h for h in Handler if h not in WORKER_HANDLERS)
 

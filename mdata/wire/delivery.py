@@ -115,7 +115,10 @@ class BatchLocationReply(Message):
 class BatchLocationRequest(Request):
     """Long poll: where is the batch of ``step`` for trainer ``rank``? Answered within ``timeout``
     seconds (``TIMEOUT`` then). ``token``/``generation``: the asking Loader's lease (from its
-    attach; empty for a caller without one, e.g. a notebook looking around)."""
+    attach; empty for a caller without one, e.g. a notebook looking around). ``delivered``: a
+    step whose batch this Loader received and has not acknowledged yet (the one before), so
+    that the delivery needs no :class:`AckRequest` of its own: one message fewer per rank and
+    step, the scheduler's most frequent."""
 
     handler = Handler.BATCH_LOCATION
     reply = BatchLocationReply
@@ -126,17 +129,19 @@ class BatchLocationRequest(Request):
     timeout: float
     token: str = ""
     generation: int = 0
+    delivered: int | None = None
 
     def to_msg(self) -> dict[str, Any]:
         return {"job": self.job, "rank": self.rank, "step": self.step, "timeout": self.timeout,
-                "token": self.token, "generation": self.generation}
+                "token": self.token, "generation": self.generation, "delivered": self.delivered}
 
     @classmethod
     def from_msg(cls, msg: Any) -> "BatchLocationRequest":
         r = Reader(cls.__name__, msg)
         out = cls(r.str("job"), r.int("rank"), r.int("step"), r.float("timeout"),
                   check_str(r.raw("token", ""), r, "token"),
-                  check_int(r.raw("generation", 0), r, "generation"))
+                  check_int(r.raw("generation", 0), r, "generation"),
+                  r.optional("delivered", check_int))
         r.done()
         return out
 
@@ -144,7 +149,8 @@ class BatchLocationRequest(Request):
 @dataclass(frozen=True)
 class AckRequest(Request):
     """Trainer ``rank`` consumed its batch of ``step`` (its training loop took the next one, or
-    said so); with ``consumed=False``: the batch was only delivered (fetched by the prefetcher).
+    said so), which implies it was delivered; with ``consumed=False``: the batch was only
+    delivered (fetched by the prefetcher; usually told with the next BatchLocationRequest).
     ``token``/``generation``: the Loader's lease, as in :class:`BatchLocationRequest`."""
 
     handler = Handler.ACK

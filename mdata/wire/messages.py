@@ -16,13 +16,14 @@ handler (:class:`Handler`)  request                    reply
 ``mdata_who_has``           WhoHasRequest              WhoHasReply
 ``mdata_close_job``         CloseJobRequest            OkReply
 ``mdata_take_rows``         TakeRowsRequest            TakeRowsReply (OK/missing), on loaders
+``mdata_take_rows_many``    TakeRowsManyRequest        TakeRowsManyReply (one TakeRowsReply each)
 ``mdata_get_batch``         GetBatchRequest            GetBatchReply (OK/missing), on constructors
 ``mdata_storage_waits``     StorageWaitsRequest        StorageWaitsReply, on any mdata worker
 ``mdata_set_role``          SetRoleRequest             SetRoleReply (resources), on pool workers
 (construct task argument)   ConstructSpec              the task's result stays on the worker
 ==========================  =========================  ==========================================
 
-The first twelve are served by the Planner on the scheduler, the last three by mdata's worker
+The first twelve are served by the Planner on the scheduler, the rest by mdata's worker
 plugin. A request's ``to_msg()`` is the handler's keyword arguments, so the handlers still answer
 plain calls (``client.scheduler.mdata_status(job=...)`` in a notebook) with the same data as ever.
 
@@ -41,7 +42,8 @@ from typing import Any, TypeVar
 
 from mdata.wire.codec import Handler, Message, Request, Status
 from mdata.wire.construct import (
-    ChunkPull, ConstructSpec, TakeRowsReply, TakeRowsRequest, WhoHasReply, WhoHasRequest,
+    ChunkPull, ConstructSpec, TakeRowsManyReply, TakeRowsManyRequest, TakeRowsReply,
+    TakeRowsRequest, WhoHasReply, WhoHasRequest,
 )
 from mdata.wire.delivery import (
     AckRequest, BatchLocation, BatchLocationReply, BatchLocationRequest, GetBatchReply,
@@ -78,7 +80,8 @@ __all__ = [
     # trainers' leases
     "AttachRequest", "AttachReply", "DetachRequest",
     # construct
-    "WhoHasRequest", "WhoHasReply", "TakeRowsRequest", "TakeRowsReply", "ChunkPull", "ConstructSpec",
+    "WhoHasRequest", "WhoHasReply", "TakeRowsRequest", "TakeRowsReply", "TakeRowsManyRequest",
+    "TakeRowsManyReply", "ChunkPull", "ConstructSpec",
     # storage waits
     "StorageWaitsRequest", "StorageWaitsReply", "WorkerStorageWait", "StorageWaitInfo",
     # loader pools' roles (standbys)
@@ -93,7 +96,8 @@ CATALOGUE: dict[Handler, type[Request]] = {
     for cls in (
         RegisterJobRequest, JobInfoRequest, JobsRequest, BatchLocationRequest, AckRequest,
         ReportMetricsRequest, CheckpointRequest, StatusRequest, StoryRequest, LineageRequest,
-        WhoHasRequest, CloseJobRequest, TakeRowsRequest, GetBatchRequest, AttachRequest,
+        WhoHasRequest, CloseJobRequest, TakeRowsRequest, TakeRowsManyRequest, GetBatchRequest,
+        AttachRequest,
         DetachRequest, StorageWaitsRequest, SetRoleRequest,
     )
 }

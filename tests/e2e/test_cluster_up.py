@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -43,8 +44,7 @@ def test_cluster_up_prints_addresses_and_serves_trainers(example_corpus):
         assert [b["step"] for b in batches] == [0, 1]
         assert all(len(b["sample_ids"]) == 10 for b in batches)
     finally:
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=60) == 0
+        stop(proc)
 
 
 def test_cluster_up_with_a_plan_file_serves_the_users_own_sources(tmp_path):
@@ -90,8 +90,7 @@ def test_cluster_up_with_a_plan_file_serves_the_users_own_sources(tmp_path):
         assert "rank 0 step 3:" in train.stdout and "rank 0 step 4:" in train.stdout
         assert "rank 0 resumes at step 5" in train.stdout
     finally:
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=60) == 0
+        stop(proc)
 
 
 def _free_port() -> int:
@@ -103,11 +102,25 @@ def _free_port() -> int:
 
 
 def cluster_up(*args: str) -> subprocess.Popen:
-    """``mdata cluster up ARGS`` on free ports, its output readable line by line."""
+    """``mdata cluster up ARGS`` on free ports, its output readable line by line (its log goes
+    to a file that :func:`stop` reads)."""
     mdata = Path(sys.executable).with_name("mdata")
-    return subprocess.Popen(
+    log = tempfile.TemporaryFile(mode="w+")
+    proc = subprocess.Popen(
         [str(mdata), "cluster", "up", *args, "--port", "0", "--dashboard-address", "127.0.0.1:0"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        stdout=subprocess.PIPE, stderr=log, text=True)
+    proc.log = log
+    return proc
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """Ctrl-C: the cluster shuts down cleanly, without a traceback in its log."""
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 0
+    proc.log.seek(0)
+    log = proc.log.read()
+    proc.log.close()
+    assert "Traceback" not in log, log[-6000:]
 
 
 def printed_lines(proc: subprocess.Popen) -> dict[str, str]:

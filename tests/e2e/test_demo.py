@@ -30,3 +30,5 @@ def test_mdata_demo_writes_a_summary_with_exactly_once(example_corpus, tmp_path)
     assert summary["wall_seconds"] > 0
     assert set(summary["sources"]) >= {"chat", "scenes", "books", "code", "captions"}
     assert "| exactly_once | True |" in proc.stdout
+    # trainers, client and cluster close in order: nothing is torn down mid-request
+    assert "Traceback" not in proc.stderr, proc.stderr[-6000:]

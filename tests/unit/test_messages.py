@@ -101,6 +101,8 @@ MESSAGES = [
     m.AckRequest(job="pretrain", rank=3, step=5),
     m.AckRequest(job="pretrain", rank=3, step=5, consumed=False, token="t0k", generation=2),
     m.BatchLocationRequest(job="pretrain", rank=3, step=5, timeout=2.0, token="t0k", generation=1),
+    m.BatchLocationRequest(job="pretrain", rank=3, step=6, timeout=2.0, token="t0k", generation=1,
+                           delivered=5),
     m.AttachRequest(job="pretrain", rank=3, client="Client-1", token="t0k", host="node7", pid=42,
                     checkpoint=None),
     m.AttachReply(generation=1, start_step=60),
@@ -116,6 +118,9 @@ MESSAGES = [
     m.WhoHasReply(who_has=(("tcp://10.0.0.2:1",), None, ())),
     m.TakeRowsRequest(key=("mdata-load", "job", "chat", 0, 256), indices=(0, 5, 2)),
     m.TakeRowsReply(m.Status.MISSING, key=("mdata-load", "job", "chat", 0, 256)),
+    m.TakeRowsManyRequest((m.TakeRowsRequest(("mdata-load", "job", "chat", 0, 256), (0, 5)),
+                           m.TakeRowsRequest(("mdata-load", "job", "code", 1, 64), ()))),
+    m.TakeRowsManyReply((m.TakeRowsReply(m.Status.MISSING, key=("mdata-load", "job", "chat", 0, 256)),)),
     m.GetBatchRequest(key=("mdata-construct", "job", 3, 1), cp_rank=1, receives_tokens=True,
                       receives_labels=False),
     m.GetBatchReply(m.Status.MISSING, key=("mdata-construct", "job", 3, 1)),
@@ -142,7 +147,8 @@ def test_the_catalogue_names_every_handler_once_with_its_reply():
     assert {h.value for h in m.Handler} == {
         "mdata_register_job", "mdata_batch_location", "mdata_ack", "mdata_report_metrics",
         "mdata_checkpoint", "mdata_story", "mdata_lineage", "mdata_status", "mdata_jobs",
-        "mdata_job_info", "mdata_who_has", "mdata_close_job", "mdata_take_rows", "mdata_get_batch",
+        "mdata_job_info", "mdata_who_has", "mdata_close_job", "mdata_take_rows",
+        "mdata_take_rows_many", "mdata_get_batch",
         "mdata_attach", "mdata_detach", "mdata_storage_waits", "mdata_set_role",
     }
     for handler, request in m.CATALOGUE.items():
@@ -241,6 +247,10 @@ def test_worker_replies_carry_chunks_and_batches_through_distributeds_protocol()
     got = m.TakeRowsReply.from_msg(loads(dumps(reply.to_msg())))
     assert got.status is m.Status.OK and isinstance(got.chunk, SampleChunk)
     assert got.chunk.rows.tolist() == [3, 4] and got.chunk.tokens(1).tolist() == [4, 5]
+    many = m.TakeRowsManyReply((reply, m.TakeRowsReply(m.Status.MISSING, ("mdata-load", "j", "x", 1, 0))))
+    got_many = m.TakeRowsManyReply.from_msg(loads(dumps(many.to_msg())))
+    assert [r.status for r in got_many.replies] == [m.Status.OK, m.Status.MISSING]
+    assert got_many.replies[0].chunk.tokens(0).tolist() == [1, 2, 3]
 
     dp_batch = build_dp_batch(2, 0, [chunk], [0, 0], [0, 1], [3, 2], [[0, 0, 3], [0, 0, 4]], 1,
                               max_tokens=16, cp=1)

@@ -10,8 +10,8 @@ from mdata.mesh import ClientPlaceTree
 from mdata.order import SourceOrder
 from mdata.plan import Plan
 from mdata.planner import (
-    BatchConsumed, ChunkFailed, ChunkLoaded, ConstructBatch, JobFailed, LoadChunk, PlannerState,
-    PoolTarget, ReleaseBatch, ReleaseChunk, StepReady, Tick, WorkerLost,
+    BatchConsumed, BatchDelivered, ChunkFailed, ChunkLoaded, ConstructBatch, JobFailed, LoadChunk,
+    PlannerState, PoolTarget, RanksConsumed, ReleaseBatch, ReleaseChunk, StepReady, Tick, WorkerLost,
 )
 from mdata.pool_demand import PoolSizer
 
@@ -107,6 +107,26 @@ def test_backpressure_release_and_window_advance():
     assert released == ([] if load.chunk.chunk_id in step1_chunks else [load.chunk.chunk_id])
     assert sorted(loads) == sorted(step1_chunks - {load.chunk.chunk_id})
     assert state.consumed_step == 1 and state.planned_step == 2
+
+
+def test_quiet_acknowledgements_are_exactly_those_that_plan_nothing():
+    """is_quiet() lets the scheduler apply a batch of events without its planning thread: it
+    must say True only where handle() then balances and loads nothing."""
+    _, state = tiny(window=1)
+    (load,) = state.handle(Tick(stimulus_id="t0"))
+    assert not state.is_quiet([loaded(load.chunk)]) and not state.is_quiet([Tick(stimulus_id="t")])
+    assert not state.is_quiet([BatchConsumed(0, 0, stimulus_id="c")])  # step 0 not balanced yet
+    state.handle(loaded(load.chunk))
+    delivered = BatchDelivered(0, 0, (0,), stimulus_id="d0")
+    assert state.is_quiet([delivered, BatchConsumed(0, 0, stimulus_id="c0")])
+    assert not state.is_quiet([BatchConsumed(0, 0, stimulus_id="c0"), BatchConsumed(0, 1, stimulus_id="c1")])
+    assert not state.is_quiet([RanksConsumed(0, (0, 1), stimulus_id="c01")])
+    assert state.handle(delivered, BatchConsumed(0, 0, stimulus_id="c0")) == [
+        ReleaseBatch(0, 0, stimulus_id="c0")]  # a group released, nothing planned
+    assert not state.is_quiet([BatchConsumed(0, 1, stimulus_id="c1")])  # would complete step 0
+    out = state.handle(BatchConsumed(0, 1, stimulus_id="c1"))
+    assert any(isinstance(i, (LoadChunk, ReleaseChunk)) for i in out) and state.consumed_step == 1
+    assert not state.is_quiet([BatchConsumed(0, 1, stimulus_id="late")])  # a late duplicate
 
 
 def test_broadcast_at_tp_releases_a_group_when_tp_rank_0_consumed():

@@ -58,6 +58,21 @@ def test_take_selects_and_reorders_samples():
         chunk.take([3])
 
 
+@pytest.mark.parametrize("length", [0, 1, 3, 255, 256, 4000])
+def test_take_copies_short_and_long_segments_alike(length):
+    """take() copies long segments (images) slice by slice and short ones (tokens) through one
+    index; both must give every sample's exact data, in the order asked, repeats included."""
+    rng = np.random.default_rng(length)
+    lengths = rng.integers(0, 2 * length + 1, size=9)
+    tokens = [rng.integers(0, 1000, size=n).tolist() for n in lengths]
+    chunk = SampleChunk.from_samples("t", 0, np.arange(9), tokens)
+    order = [8, 0, 3, 3, 5, 1]
+    part = chunk.take(order)
+    for i, k in enumerate(order):
+        assert part.tokens(i).tolist() == tokens[k]
+    assert part.token_ids.dtype == np.int32 and part.token_offsets[-1] == len(part.token_ids)
+
+
 def test_nbytes_counts_every_buffer_and_sizeof_reports_it():
     chunk = SampleChunk.from_samples("img", 0, [0], [[1, 2]], num_patches=[1], images=[image(16, 16, 0)])
     expected = 8 + 2 * 4 + 2 * 8 + 4 + 4 + 16 * 16 * 3 + 2 * 8 + 3 * 4
