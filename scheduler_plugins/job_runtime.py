@@ -20,7 +20,7 @@ import asyncio
 import logging
 import time
 import traceback
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -31,7 +31,7 @@ from mdata.errors import MdataError
 from mdata.observe import SourceMeter, TrainerMeter
 from mdata.sources import SourceStorageWait
 from mdata.wire.messages import (
-    BatchLocation, BatchLocationReply, ChunkPull, ConstructSpec, PoolTargetInfo, Status,
+    BatchLocation, BatchLocationReply, ChunkPull, ConstructSpec, PoolDecision, Status,
     StatusCounters, StatusReply, StorageWaitInfo,
 )
 from mdata.planner.roster import Holder, TrainerRoster
@@ -83,7 +83,12 @@ class JobRuntime:
         # (reason, the typed error when it was an MdataError) per batch that could not be built
         self.batch_errors: dict[tuple[int, int], tuple[str, MdataError | None]] = {}
         self.step_summaries: dict[int, dict] = {}
-        self.pool_targets: dict[str, dict] = {}
+        # the Planner's latest decision per source, and every decision with the workers that
+        # served the source then (the dashboard's sources page plots them over time)
+        self.pool_targets: dict[str, PoolDecision] = {}
+        self.pool_history: deque[tuple[PoolDecision, int]] = deque(maxlen=4000)
+        self.scaler_status = None  # the autoscaler's last report (set by the Planner plugin)
+        self._pool_threads: tuple[float, tuple[int, ...]] = (-1.0, ())
         self.failure: str | None = None
         self.failure_error: MdataError | None = None  # what failed the job, when typed
         self.failed = asyncio.Event()
@@ -183,7 +188,27 @@ class JobRuntime:
     async def tick(self) -> None:
         if not self.lock.locked():
             now = time.monotonic()  # the clock feeds step-rate measurement and pool sizing
-            await self.handle(ps.Tick(now=now, stimulus_id=f"tick-{now:.3f}"))
+            waits = self.wait_seconds
+            await self.handle(ps.Tick(
+                now=now, stimulus_id=f"tick-{now:.3f}", wall=time.time(),
+                waited_s=sum(waits.values()) / len(waits) if waits else 0.0,
+                pool_threads=self.pool_threads(now)))
+
+    def pool_threads(self, now: float) -> tuple[int, ...]:
+        """Loader threads per worker of each source's pool (0: no worker), from the workers'
+        ``pool_<source>`` resources (a worker holds its thread count of them); once a second."""
+        then, threads = self._pool_threads
+        if now - then >= 1.0:
+            amounts = [ws.resources for ws in self.scheduler.workers.values()]
+            threads = tuple(int(max((r.get(pool_resource(n), 0) for r in amounts), default=0))
+                            for n in self.plan.source_names)
+            self._pool_threads = (now, threads)
+        return threads
+
+    def pool_workers(self, source: str) -> int:
+        """How many workers hold the source's pool resource right now."""
+        resource = pool_resource(source)
+        return sum(1 for ws in self.scheduler.workers.values() if ws.resources.get(resource, 0) > 0)
 
     def worker_lost(self, address: str) -> None:
         self._spawn(self.handle(ps.WorkerLost(worker=address, stimulus_id=f"lost-{address}")))
@@ -291,8 +316,11 @@ class JobRuntime:
             self.step_summaries.pop(next(iter(self.step_summaries)))
 
     def _pool_target(self, ins: "ps.PoolTarget") -> None:
-        self.pool_targets[ins.source] = {"workers": ins.workers, "reason": ins.reason,
-                                       "demand": float(ins.demand), "time": time.time()}
+        decision = ins.decision
+        self.pool_targets[decision.group] = decision
+        self.pool_history.append((decision, self.pool_workers(decision.group)))
+        if decision.changed:
+            logger.info("mdata job %s: pool of %s: %s", self.job, decision.group, decision.reason)
 
     def _job_failed(self, ins: "ps.JobFailed") -> None:
         self._fail(ins.reason, ins.error)  # the typed error that failed the job, when there is one
@@ -484,10 +512,9 @@ class JobRuntime:
             job=self.job,
             failure=self.failure,
             uptime_s=time.time() - self.started,
-            steps={str(k): v for k, v in sorted(self.step_summaries.items())[-max_steps:]},
-            pool_targets={name: PoolTargetInfo(int(t["workers"]), str(t["reason"]),
-                                               float(t["demand"]), float(t["time"]))
-                          for name, t in self.pool_targets.items()},
+            steps={str(k): v for k, v in sorted(self.step_summaries.items())[-max_steps:]}
+            if max_steps > 0 else {},
+            pool_targets=dict(self.pool_targets),
             chunks_in_memory=len(self.chunk_futures),
             batches_in_memory=len(self.batch_futures),
             trainer_wait_s={str(k): float(v) for k, v in self.wait_seconds.items()},
@@ -502,6 +529,7 @@ class JobRuntime:
             ),
             storage_waits={name: StorageWaitInfo.of(wait, now)
                            for name, wait in self.storage_waits.items()},
+            **({} if self.scaler_status is None else {"autoscaler": self.scaler_status}),
         )
 
     # -- lifecycle -------------------------------------------------------------------------------

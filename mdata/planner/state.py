@@ -29,6 +29,7 @@ carry, mixture decisions), so it reflects what trainers consumed, not what was p
 from __future__ import annotations
 
 import copy
+import math
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -108,7 +109,7 @@ class PlannerState:
                                        self.global_batch)  # a copy: stateful policies change
         self.chunks = ChunkTable(orders, job, width=max(plan.chunk_rows(n) for n in self.names))
         self.assigner = StepAssigner(plan)
-        self.pool_sizer = pool_sizer if pool_sizer is not None else PoolSizer(self.names)
+        self.pool_sizer = pool_sizer if pool_sizer is not None else PoolSizer.from_config(self.names)
         self.dgraph = DGraph(self.names, group_ranks=lambda d: sorted(self.receivers[d]))
         self.record_lineage = record_lineage
         self.lineage_steps = None if lineage_steps is None else max(1, int(lineage_steps))
@@ -227,9 +228,24 @@ class PlannerState:
     def _on_tick(self, ev: Tick) -> list[Instruction]:
         if ev.now is None:
             return []
-        self.pool_sizer.observe_progress(ev.now, self.consumed_step)
-        return [PoolTarget(d.source, d.workers, d.reason, d.demand, stimulus_id=ev.stimulus_id)
-                for d in self.pool_sizer.decide(self.provisioner.last_weights, self.global_batch)]
+        sizer = self.pool_sizer
+        for i, threads in enumerate(ev.pool_threads):
+            sizer.observe_threads(i, threads)
+        sizer.observe_progress(ev.now, self.consumed_step, ev.waited_s)
+        return [PoolTarget(d, stimulus_id=ev.stimulus_id) for d in sizer.decide(
+            ev.now, self.provisioner.last_weights, self.global_batch, ahead=self._weights_ahead(),
+            wall=ev.wall)]
+
+    def _weights_ahead(self) -> np.ndarray | None:
+        """The mixture ``pool_sizer.lead_s`` seconds of consumption past the planned window, so
+        pools grow before a shift reaches the trainers (None for a schedule that depends on
+        trainers' metrics: its future is not known, and asking could change its state)."""
+        schedule = self.provisioner.schedule
+        rate = self.pool_sizer.step_rate
+        if schedule.stateful or not rate:
+            return None
+        step = self.planned_step + math.ceil(rate * self.pool_sizer.lead_s)
+        return schedule.weights_vector(step, self.names)
 
     def _on_chunk_loaded(self, ev: ChunkLoaded) -> list[Instruction]:
         ref = ev.chunk
