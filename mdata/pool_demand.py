@@ -157,7 +157,7 @@ class PoolSizer:
         weights = np.asarray(weights, float)
         use = weights if ahead is None else np.maximum(weights, np.asarray(ahead, float))
         pace_text = (f"{demand_rate:.3g} steps/s ({rate:.3g} consumed/s over {span:.0f} s, "
-                     f"trainers waited {waited:.0%} of it)")
+                     f"trainers stalled {waited:.0%} of it)")
         out: list[PoolDecision] = []
         for i, name in enumerate(self.names):
             spp = self.sec_per_sample[i]

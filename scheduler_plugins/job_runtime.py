@@ -89,6 +89,8 @@ class JobRuntime:
         self.pool_history: deque[tuple[PoolDecision, int]] = deque(maxlen=4000)
         self.scaler_status = None  # the autoscaler's last report (set by the Planner plugin)
         self._pool_threads: tuple[float, tuple[int, ...]] = (-1.0, ())
+        # (wall time, loaded samples, load tasks outstanding) per source, once a second
+        self.source_history: deque[tuple[float, tuple[int, ...], tuple[int, ...]]] = deque(maxlen=3600)
         self.failure: str | None = None
         self.failure_error: MdataError | None = None  # what failed the job, when typed
         self.failed = asyncio.Event()
@@ -105,6 +107,7 @@ class JobRuntime:
         }
         self.delivered: dict[int, set[int]] = defaultdict(set)
         self.wait_seconds: dict[int, float] = defaultdict(float)
+        self.stalled_seconds: dict[int, float] = {}  # training loops' own waits (acks tell them)
         self.consumed_steps: dict[int, int] = {}
         self.started = time.time()
         # What the dashboard shows (mdata.observe): loads per source, trainer waits per step.
@@ -188,7 +191,7 @@ class JobRuntime:
     async def tick(self) -> None:
         if not self.lock.locked():
             now = time.monotonic()  # the clock feeds step-rate measurement and pool sizing
-            waits = self.wait_seconds
+            waits = self.stalled_seconds  # the loops' stalls, not the prefetchers' long polls
             await self.handle(ps.Tick(
                 now=now, stimulus_id=f"tick-{now:.3f}", wall=time.time(),
                 waited_s=sum(waits.values()) / len(waits) if waits else 0.0,
@@ -203,6 +206,9 @@ class JobRuntime:
             threads = tuple(int(max((r.get(pool_resource(n), 0) for r in amounts), default=0))
                             for n in self.plan.source_names)
             self._pool_threads = (now, threads)
+            figs = self.source_meter.snapshot(now)  # the dashboard's loads-over-time, same pace
+            self.source_history.append((time.time(), tuple(f.loaded_samples for f in figs),
+                                        tuple(f.backlog_chunks for f in figs)))
         return threads
 
     def pool_workers(self, source: str) -> int:
@@ -424,8 +430,11 @@ class JobRuntime:
                     waiter.cancel()
 
     async def acknowledge(self, rank: int, step: int, *, consumed: bool = True, token: str = "",
-                          generation: int = 0) -> None:
-        """``rank`` consumed (its training loop took the next batch) or only received ``step``."""
+                          generation: int = 0, stalled_s: float = -1.0) -> None:
+        """``rank`` consumed (its training loop took the next batch) or only received ``step``;
+        ``stalled_s``: the rank's training loop's total wait for batches (-1: not told)."""
+        if stalled_s >= 0:
+            self.stalled_seconds[rank] = stalled_s
         if token:
             self.roster.check(rank, token, generation)  # a stale Loader hears it as an error
         if not consumed:

@@ -261,7 +261,8 @@ class PlannerPlugin(SchedulerPlugin):
 
     async def ack(self, req: msg.AckRequest) -> msg.OkReply:
         await self._ranked(req).acknowledge(req.rank, req.step, consumed=req.consumed,
-                                             token=req.token, generation=req.generation)
+                                             token=req.token, generation=req.generation,
+                                             stalled_s=req.stalled_s)
         return msg.OkReply()
 
     async def attach(self, req: msg.AttachRequest) -> msg.AttachReply:

@@ -270,7 +270,8 @@ class Loader:
         if step is not None:
             ask_sync(self.client, AckRequest(job=self.job, rank=self.rank, step=step,
                                              consumed=True, token=self._token,
-                                             generation=self._generation))
+                                             generation=self._generation,
+                                             stalled_s=self.wait_seconds))
 
     def _prefetch_loop(self) -> None:
         from mdata.trainer.tensors import batch_to_torch

@@ -98,7 +98,7 @@ def test_demand_uses_the_measured_cost_threads_and_the_stall():
     now, _ = feed(starved, seconds=10.0, steps_per_s=2.0, waited_per_s=0.5)
     (d,) = starved.decide(now, np.array([1.0]), 16)
     assert d.demand == pytest.approx(16 * 4.0 * 0.06, rel=0.05) and d.workers == 4
-    assert "trainers waited 50% of it" in d.reason
+    assert "trainers stalled 50% of it" in d.reason
 
 
 def test_scale_up_at_once_down_after_agreeing_decisions_to_the_largest_want():
