@@ -5,7 +5,7 @@ measurements in and gets :class:`~mdata.wire.pools.PoolDecision` values out; the
 them. The measurements:
 
 * **seconds per sample** of each source, from finished loads (the load task's time on one worker
-  thread, read plus transform, measured on the worker);
+  thread, read plus transform, measured on the worker; the median of the recent loads);
 * **steps trainers consumed** over a sliding window of ``rate_window_s`` seconds, and how long they
   **waited** for batches in that window. The step rate is consumed steps over the window's span,
   idle ticks included. (It used to be averaged per 50 ms tick over the ticks that saw progress
@@ -24,7 +24,10 @@ mixture further on, when the schedule can be read ahead): pools grow *before* a 
 reaches the trainers. The target is demand x headroom / threads per worker, rounded up. Decisions
 come every ``interval_s``; scaling up happens at once (a starving trainer costs every GPU),
 scaling down only after ``down_after`` consecutive decisions agree, to the largest of their
-wants, so a short dip does not make pools flap. Every decision carries a sentence saying why.
+wants, only while data is ahead of the trainers, and only to a size the demand fills to at most
+``down_margin``: retiring a loader drops the chunks it holds (they load again elsewhere), so a
+pool shrinks when it clearly can, and a short dip does not make it flap. Every decision carries a
+sentence saying why.
 """
 
 from __future__ import annotations
@@ -53,7 +56,8 @@ class PoolSizer:
         interval_s: float = 2.0,
         down_after: int = 2,
         rate_window_s: float = 10.0,
-        smoothing: float = 0.3,
+        cost_loads: int = 15,
+        down_margin: float = 0.8,
         max_boost: float = 4.0,
         lead_s: float = 8.0,
     ) -> None:
@@ -68,10 +72,12 @@ class PoolSizer:
         self.interval_s = float(interval_s)
         self.down_after = int(down_after)
         self.rate_window_s = float(rate_window_s)
-        self.smoothing = float(smoothing)
         self.max_boost = float(max_boost)
+        self.down_margin = float(down_margin)  # shrink only to a size demand fills to this
+        self._starved = False
         self.lead_s = float(lead_s)  # how far ahead the Planner reads the mixture for ``ahead``
         self.sec_per_sample = np.full(len(self.names), np.nan)
+        self._loads: list[deque[float]] = [deque(maxlen=cost_loads) for _ in self.names]
         self.current: list[int | None] = [None] * len(self.names)
         self._down_wants: list[list[int]] = [[] for _ in self.names]
         self._progress: deque[tuple[float, int, float]] = deque()  # (now, consumed, waited_s)
@@ -91,14 +97,14 @@ class PoolSizer:
 
     # -- measurements ------------------------------------------------------------------------------
     def observe_load(self, source_index: int, samples: int, seconds: float) -> None:
-        """A load of ``samples`` rows of a source took ``seconds`` of one worker thread."""
+        """A load of ``samples`` rows of a source took ``seconds`` of one worker thread. The
+        cost is the median of the last ``cost_loads`` loads: a worker's first load also opens
+        its reader and sets its transform up, and one such outlier must not size a pool."""
         if samples <= 0 or not seconds > 0:
             return
-        value = seconds / samples
-        old = self.sec_per_sample[source_index]
-        self.sec_per_sample[source_index] = (
-            value if np.isnan(old) else (1 - self.smoothing) * old + self.smoothing * value
-        )
+        recent = self._loads[source_index]
+        recent.append(seconds / samples)
+        self.sec_per_sample[source_index] = float(np.median(recent))
 
     def observe_threads(self, source_index: int, threads: int) -> None:
         """The workers of the source's pool run ``threads`` loader threads each (0: unknown)."""
@@ -138,11 +144,15 @@ class PoolSizer:
 
     # -- decisions ---------------------------------------------------------------------------------
     def decide(self, now: float, weights: np.ndarray, samples_per_step: int, *,
-               ahead: np.ndarray | None = None, wall: float = 0.0) -> list[PoolDecision]:
+               ahead: np.ndarray | None = None, wall: float = 0.0,
+               lead: int | None = None, window: int | None = None) -> list[PoolDecision]:
         """One decision per measured source every ``interval_s`` (``kind`` ``hold`` when the
         target stays), none in between or before the step rate is known. ``weights``: the
         mixture being planned; ``ahead``: the mixture further on (None: not known); ``wall``:
-        the wall-clock time stamped on the decisions."""
+        the wall-clock time stamped on the decisions; ``lead``: steps built ahead of the
+        trainers, of at most ``window``: while it is under a quarter of the window, data is not
+        ahead of the trainers and no pool shrinks (a rank stuck in one wait reports its stall
+        only when its batch comes, so the lead sees starving first)."""
         pace = self.pace()
         if pace is None:
             return []
@@ -150,14 +160,19 @@ class PoolSizer:
             return []
         self._last_decision = now
         rate, waited, span = pace
-        if rate == 0.0 and waited > 0.5:
-            return []  # nothing consumed while trainers waited: a stall, never a reason to shrink
+        if rate == 0.0:
+            # nothing consumed in the window: trainers are stuck waiting (a rank stuck in one
+            # wait reports it only when the batch comes) or paused; neither is a reason to resize
+            return []
         boost = 1.0 / max(1.0 - waited, 1.0 / self.max_boost)
         demand_rate = rate * boost
         weights = np.asarray(weights, float)
         use = weights if ahead is None else np.maximum(weights, np.asarray(ahead, float))
         pace_text = (f"{demand_rate:.3g} steps/s ({rate:.3g} consumed/s over {span:.0f} s, "
                      f"trainers stalled {waited:.0%} of it)")
+        self._starved = lead is not None and window is not None and lead < max(1, window // 4)
+        if self._starved:
+            pace_text += f", {lead} of {window} steps built ahead"
         out: list[PoolDecision] = []
         for i, name in enumerate(self.names):
             spp = self.sec_per_sample[i]
@@ -186,6 +201,12 @@ class PoolSizer:
             kind = "start" if cur is None else "up"
             text = f"{why} -> " + ("start with" if cur is None else f"scale up from {cur} to") + \
                 f" {want} workers"
+        elif want < cur and (self._starved or need / threads > want * self.down_margin + 1e-9):
+            self._down_wants[i] = []
+            why = "data is not ahead of the trainers" if self._starved else (
+                f"{need / threads:.2g} workers of demand would fill {want} to more than "
+                f"{self.down_margin:.0%}")
+            text = f"{text} ({why}: no scale-down)"
         elif want < cur:
             wants = self._down_wants[i]
             wants.append(want)
@@ -201,6 +222,6 @@ class PoolSizer:
                         f"decisions agree on fewer)")
         else:
             self._down_wants[i] = []
-        return PoolDecision(group=name, workers=int(self.current[i]), reason=text, demand=need,
+        return PoolDecision(group=name, workers=int(self.current[i]), reason=text, demand=float(need),
                             current=-1 if cur is None else cur, threads=threads, kind=kind,
                             time=wall, sources=(name,))

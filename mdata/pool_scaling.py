@@ -74,7 +74,7 @@ def pool_targets(
             continue
         decisions = [as_decision(s, source_targets[s]) for s in sources]
         per_worker = max(1, int(threads.get(pool, 1) if isinstance(threads, Mapping) else threads))
-        demand = sum(d.demand for d in decisions)
+        demand = float(sum(d.demand for d in decisions))
         need = math.ceil(demand / per_worker - 1e-9)
         cap = max_workers.get(pool) if isinstance(max_workers, Mapping) else max_workers
         workers = max(min_workers, need)

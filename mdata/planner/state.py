@@ -234,7 +234,7 @@ class PlannerState:
         sizer.observe_progress(ev.now, self.consumed_step, ev.waited_s)
         return [PoolTarget(d, stimulus_id=ev.stimulus_id) for d in sizer.decide(
             ev.now, self.provisioner.last_weights, self.global_batch, ahead=self._weights_ahead(),
-            wall=ev.wall)]
+            wall=ev.wall, lead=self.balanced_step - self.consumed_step, window=self.window)]
 
     def _weights_ahead(self) -> np.ndarray | None:
         """The mixture ``pool_sizer.lead_s`` seconds of consumption past the planned window, so

@@ -102,7 +102,7 @@ def test_demand_uses_the_measured_cost_threads_and_the_stall():
 
 
 def test_scale_up_at_once_down_after_agreeing_decisions_to_the_largest_want():
-    sizer = PoolSizer(("a",), headroom=1.0, interval_s=2.0, down_after=2)
+    sizer = PoolSizer(("a",), headroom=1.0, interval_s=2.0, down_after=2, down_margin=1.0)
     sizer.observe_load(0, 100, 1.0)  # 10 ms per sample
     now, steps = feed(sizer, seconds=10.0, steps_per_s=100.0)
     (first,) = sizer.decide(now, np.array([1.0]), 4)  # 4 x 100 x 10 ms = 4 threads
@@ -117,7 +117,7 @@ def test_scale_up_at_once_down_after_agreeing_decisions_to_the_largest_want():
 
 
 def test_pools_grow_for_the_mixture_ahead_and_shrink_only_after_it_arrived():
-    sizer = PoolSizer(("img", "txt"), headroom=1.0, interval_s=0.0, down_after=2)
+    sizer = PoolSizer(("img", "txt"), headroom=1.0, interval_s=0.0, down_after=2, down_margin=1.0)
     sizer.observe_load(0, 10, 0.5)  # 50 ms
     sizer.observe_load(1, 10, 0.05)  # 5 ms
     now, _ = feed(sizer, seconds=10.0, steps_per_s=10.0)
@@ -132,7 +132,7 @@ def test_pools_grow_for_the_mixture_ahead_and_shrink_only_after_it_arrived():
     assert img.workers == 9 and txt.workers == 1
 
 
-def test_no_decision_while_trainers_wait_without_progress():
+def test_no_decision_while_nothing_is_consumed():
     sizer = PoolSizer(("a",), interval_s=0.0, rate_window_s=2.0)
     sizer.observe_load(0, 10, 0.1)
     now, steps = feed(sizer, seconds=3.0, steps_per_s=5.0)
@@ -148,3 +148,24 @@ def test_decisions_cross_the_wire_unchanged():
     now, _ = feed(sizer, seconds=3.0, steps_per_s=5.0)
     (d,) = sizer.decide(now, np.array([1.0]), 4)
     assert PoolDecision.from_msg(d.to_msg()) == d and d["workers"] == d.workers
+
+
+def test_pools_shrink_only_with_slack_and_while_data_is_ahead():
+    sizer = PoolSizer(("a",), headroom=1.0, interval_s=0.0, down_after=1, down_margin=0.8)
+    sizer.observe_load(0, 100, 1.0)  # 10 ms per sample
+    now, _ = feed(sizer, seconds=10.0, steps_per_s=100.0)
+    assert sizer.decide(now, np.array([1.0]), 4)[0].workers == 4  # 4 busy threads
+    (d,) = sizer.decide(now + 1, np.array([0.45]), 4)  # 1.8 threads would fill 2 workers to 90%
+    assert (d.kind, d.workers) == ("hold", 4) and "no scale-down" in d.reason
+    (d,) = sizer.decide(now + 2, np.array([0.45]), 4, lead=1, window=8)  # starving: never shrink
+    assert d.kind == "hold" and "data is not ahead of the trainers" in d.reason
+    (d,) = sizer.decide(now + 3, np.array([0.35]), 4, lead=8, window=8)  # 1.4 of 2: 70%
+    assert (d.kind, d.workers, d.current) == ("down", 2, 4)
+
+
+def test_a_first_slow_load_does_not_size_the_pool():
+    sizer = PoolSizer(("a",), headroom=1.0, interval_s=0.0)
+    sizer.observe_load(0, 10, 5.0)  # 500 ms/sample: the worker opened its reader and tokenizer
+    for _ in range(4):
+        sizer.observe_load(0, 10, 0.1)
+    assert sizer.sec_per_sample[0] == pytest.approx(0.01)
