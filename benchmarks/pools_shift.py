@@ -43,8 +43,8 @@ WORDS = ("data", "model", "train", "token", "batch", "source", "mixture", "worke
          "loss", "image", "text", "scale", "shift", "plan", "chunk", "sample", "rank", "cluster")
 
 
-def shift_corpus(root: str | Path, *, images: int = 96, image_size: tuple[int, int] = (1600, 1200),
-                 texts: int = 96, words: int = 20000, seed: int = 0) -> list:
+def shift_corpus(root: str | Path, *, images: int = 96, image_size: tuple[int, int] = (2400, 1800),
+                 texts: int = 96, words: int = 40000, seed: int = 0) -> list:
     """Write the two sources under ``root`` (Parquet) and return their ``Source`` specs. Both
     hold more rows than a window of steps needs, so chunks are loaded again each epoch instead
     of staying in memory (as with a real corpus: every consumed sample is a load)."""
@@ -126,7 +126,7 @@ def _pool_sizes(history: list[tuple[float, dict[str, int]]], pool: str, t0: floa
     return total
 
 
-def run_shift(*, steps: int = 150, shift_step: int = 75, step_s: float = 0.15, interval: float = 1.0,
+def run_shift(*, steps: int = 150, shift_step: int = 75, step_s: float = 0.25, interval: float = 1.0,
               headroom: float = 2.0, max_workers: int = 3, data_dir: str | Path | None = None) -> dict:
     """Run the scenario once; returns the raw measurements and the figures' values."""
     import tempfile

@@ -64,7 +64,9 @@ def pool_targets(
 
     A pool adds its sources' demands in busy threads (headroom included) before dividing by its
     ``threads`` per worker and rounding up: three sources needing 0.1 thread each share one
-    worker, not three. ``current`` (workers each pool runs now) sets each target's ``kind``. A
+    worker, not three; and never fewer than one source's own target (its threads converted to
+    the pool's), which keeps that source's hysteresis. ``current`` (workers each pool runs now)
+    sets each target's ``kind``. A
     pool with a source the Planner has not sized yet is left out: scaling on half the information
     would shrink a pool that is about to be needed.
     """
@@ -75,7 +77,9 @@ def pool_targets(
         decisions = [as_decision(s, source_targets[s]) for s in sources]
         per_worker = max(1, int(threads.get(pool, 1) if isinstance(threads, Mapping) else threads))
         demand = float(sum(d.demand for d in decisions))
-        need = math.ceil(demand / per_worker - 1e-9)
+        # no fewer than any one source's own target: a source's target keeps its hysteresis
+        held = max(math.ceil(d.workers * d.threads / per_worker - 1e-9) for d in decisions)
+        need = max(math.ceil(demand / per_worker - 1e-9), held)
         cap = max_workers.get(pool) if isinstance(max_workers, Mapping) else max_workers
         workers = max(min_workers, need)
         bound = ""

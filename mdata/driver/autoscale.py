@@ -12,6 +12,7 @@ it applied to the Planner, so job status and the dashboard's sources page say it
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -87,6 +88,8 @@ class PoolAutoscaler:
         self.interval = config.seconds("pools.interval") if interval is None else float(interval)
         self.min_workers = int(min_workers)
         self.max_workers = max_workers
+        self.down_after = int(config.get("pools.down-after"))
+        self._down: dict[str, list[int]] = {}  # pool -> lower targets of consecutive rounds
         #: every decision applied, oldest first (``current`` is the size it changed from)
         self.history: deque[PoolDecision] = deque(maxlen=history)
         self.errors = 0
@@ -109,6 +112,15 @@ class PoolAutoscaler:
             wall=time.time())
         applied = []
         for pool, decision in decisions.items():
+            if decision.workers < current[pool]:  # a shared pool shrinks after agreeing rounds
+                wants = self._down.setdefault(pool, [])
+                wants.append(decision.workers)
+                if len(wants) < self.down_after:
+                    continue
+                decision = dataclasses.replace(
+                    decision, workers=max(wants), reason=f"{decision.reason}; lower for "
+                    f"{self.down_after} rounds")
+            self._down.pop(pool, None)
             if decision.workers != current[pool]:
                 self.groups.scale(pool, decision.workers)
                 logger.info("mdata autoscaler: pool %s %d -> %d: %s", pool, current[pool],
