@@ -126,7 +126,7 @@ def _pool_sizes(history: list[tuple[float, dict[str, int]]], pool: str, t0: floa
     return total
 
 
-def run_shift(*, steps: int = 150, shift_step: int = 75, step_s: float = 0.25, interval: float = 1.0,
+def run_shift(*, steps: int = 130, shift_step: int = 60, step_s: float = 0.25, interval: float = 1.0,
               headroom: float = 2.0, max_workers: int = 3, data_dir: str | Path | None = None) -> dict:
     """Run the scenario once; returns the raw measurements and the figures' values."""
     import tempfile
@@ -134,7 +134,8 @@ def run_shift(*, steps: int = 150, shift_step: int = 75, step_s: float = 0.25, i
     import dask
     from distributed import Client
 
-    from mdata.driver import PoolAutoscaler, PoolSpec, start_cluster, submit_job
+    from mdata import config  # noqa: F401 - its defaults must be in Dask's config before the
+    from mdata.driver import PoolAutoscaler, PoolSpec, start_cluster, submit_job  # set() below
 
     logging.getLogger("distributed").setLevel(logging.ERROR)
     tmp = tempfile.TemporaryDirectory(prefix="mdata-pools-shift-") if data_dir is None else None
@@ -212,7 +213,7 @@ def run(quick: bool = False) -> dict:
     """The figures (see the module docstring), medians over runs; ``quick`` runs one shorter
     scenario. The baseline of ``cores_over_demand`` is a static layout holding the peak sizes."""
     repeats = 1 if quick else 3
-    runs = [run_shift(steps=150 if quick else 200, shift_step=75 if quick else 100)
+    runs = [run_shift(steps=130 if quick else 180, shift_step=60 if quick else 90)
             for _ in range(repeats)]
 
     def med(key: str) -> float:
@@ -239,5 +240,5 @@ if __name__ == "__main__":
     import json
     import sys
 
-    out = run_shift(steps=int(sys.argv[1]) if len(sys.argv) > 1 else 150)
+    out = run_shift(steps=int(sys.argv[1]) if len(sys.argv) > 1 else 130)
     print(json.dumps(out, indent=1, default=str))
