@@ -237,7 +237,8 @@ def test_pools_scale_one_by_one_and_follow_the_planners_targets(resilient_cluste
         want = max(1, math.ceil(sum(targets[s]["demand"] for s in ("chat", "scenes", "code")) - 1e-9))
 
         scaler = PoolAutoscaler(cluster, client, "scale", min_workers=1, max_workers=2)
-        applied = scaler.step()
+        for _ in range(scaler.down_after):  # a pool shrinks after agreeing rounds
+            applied = scaler.step()
         expected = min(2, want)
         assert cluster.pools["text"].workers == expected
         if expected != 2:  # the usual case here: ~0.2 busy threads of demand
