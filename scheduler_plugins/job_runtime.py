@@ -88,7 +88,7 @@ class JobRuntime:
         self.pool_targets: dict[str, PoolDecision] = {}
         self.pool_history: deque[tuple[PoolDecision, int]] = deque(maxlen=4000)
         self.scaler_status = None  # the autoscaler's last report (set by the Planner plugin)
-        self._pool_threads: tuple[float, tuple[int, ...]] = (-1.0, ())
+        self._pool_inputs: tuple[float, tuple[int, ...], float] = (-1.0, (), 0.0)
         # (wall time, loaded samples, load tasks outstanding) per source, once a second
         self.source_history: deque[tuple[float, tuple[int, ...], tuple[int, ...]]] = deque(maxlen=3600)
         self.failure: str | None = None
@@ -191,25 +191,27 @@ class JobRuntime:
     async def tick(self) -> None:
         if not self.lock.locked():
             now = time.monotonic()  # the clock feeds step-rate measurement and pool sizing
-            waits = self.stalled_seconds  # the loops' stalls, not the prefetchers' long polls
-            await self.handle(ps.Tick(
-                now=now, stimulus_id=f"tick-{now:.3f}", wall=time.time(),
-                waited_s=sum(waits.values()) / len(waits) if waits else 0.0,
-                pool_threads=self.pool_threads(now)))
+            threads, waited = self.pool_inputs(now)
+            await self.handle(ps.Tick(now=now, stimulus_id=f"tick-{now:.3f}", wall=time.time(),
+                                      waited_s=waited, pool_threads=threads))
 
-    def pool_threads(self, now: float) -> tuple[int, ...]:
-        """Loader threads per worker of each source's pool (0: no worker), from the workers'
-        ``pool_<source>`` resources (a worker holds its thread count of them); once a second."""
-        then, threads = self._pool_threads
+    def pool_inputs(self, now: float) -> tuple[tuple[int, ...], float]:
+        """What pool sizing reads besides the Planner's own state, refreshed once a second:
+        loader threads per worker of each source's pool (0: no worker; a worker holds its thread
+        count of ``pool_<source>``) and the mean stall of the ranks' training loops (the loops'
+        own waits, not the prefetchers' long polls)."""
+        then, threads, waited = self._pool_inputs
         if now - then >= 1.0:
             amounts = [ws.resources for ws in self.scheduler.workers.values()]
             threads = tuple(int(max((r.get(pool_resource(n), 0) for r in amounts), default=0))
                             for n in self.plan.source_names)
-            self._pool_threads = (now, threads)
+            stalls = self.stalled_seconds
+            waited = sum(stalls.values()) / len(stalls) if stalls else 0.0
+            self._pool_inputs = (now, threads, waited)
             figs = self.source_meter.snapshot(now)  # the dashboard's loads-over-time, same pace
             self.source_history.append((time.time(), tuple(f.loaded_samples for f in figs),
                                         tuple(f.backlog_chunks for f in figs)))
-        return threads
+        return threads, waited
 
     def pool_workers(self, source: str) -> int:
         """How many workers hold the source's pool resource right now."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import threading
 import time
 import traceback
@@ -74,7 +75,8 @@ class PoolAutoscaler:
     synchronous Dask client of the cluster (None for an embedded cluster: its own connection to
     the scheduler is used). ``job``: follow one job (None: every job on the cluster; jobs that
     read the same source add their demands). ``min_workers`` / ``max_workers`` bound every pool
-    (``max_workers`` may map pool names to bounds).
+    (``max_workers`` may map pool names to bounds; None: the machine's cores for an embedded
+    cluster, no bound otherwise).
     """
 
     def __init__(self, target, client=None, job: str | None = None, *, interval: float | None = None,
@@ -82,12 +84,14 @@ class PoolAutoscaler:
                  history: int = 1000) -> None:
         from mdata import config
 
-        self.groups: WorkerGroups = target if isinstance(target, WorkerGroups) else EmbeddedGroups(target)
+        embedded = not isinstance(target, WorkerGroups)
+        self.groups: WorkerGroups = EmbeddedGroups(target) if embedded else target
         self._ask = _asker(target, client)
         self.job = job
         self.interval = config.seconds("pools.interval") if interval is None else float(interval)
         self.min_workers = int(min_workers)
-        self.max_workers = max_workers
+        # an embedded cluster runs on one machine: more loaders per pool than cores only contend
+        self.max_workers = (os.cpu_count() or 1) if max_workers is None and embedded else max_workers
         self.down_after = int(config.get("pools.down-after"))
         self._down: dict[str, list[int]] = {}  # pool -> lower targets of consecutive rounds
         #: every decision applied, oldest first (``current`` is the size it changed from)
