@@ -12,8 +12,10 @@ sized for the first stage (text 2 workers, images 1) and a
 Figures:
 
 * ``pools.converge_intervals``: planner intervals from the shift (when the trainer reached
-  ``shift_step``) until both pools hold the size they keep to the end of the run (0 when they
-  got there before the shift: the Planner reads the mixture ahead);
+  ``shift_step``) until the image pool is larger than it started and the text pool smaller than
+  in the first stage, for good (0 when that happened before the shift: the Planner reads the
+  mixture ahead); ``settle_intervals`` in the note: until neither pool changes any more (load
+  from other processes moves the measured costs, and with them the pools, on a shared machine);
 * ``pools.stall_fraction_during_shift``: the trainer loop's wait for batches over the wall time
   of the steps around the shift (from ``2 x interval`` before it to ``4 x interval`` after);
 * ``pools.cores_over_demand``: loader cores held (workers x threads, integrated over the run)
@@ -82,7 +84,7 @@ def shift_corpus(root: str | Path, *, images: int = 96, image_size: tuple[int, i
     ]
 
 
-def shift_plan(sources, *, shift_step: int, global_batch: int = 8, window: int = 8):
+def shift_plan(sources, *, shift_step: int, global_batch: int = 12, window: int = 8):
     """90% text until ``shift_step``, 90% images after; one rank; a plain token cost."""
     import tiktoken
 
@@ -124,6 +126,17 @@ def _pool_sizes(history: list[tuple[float, dict[str, int]]], pool: str, t0: floa
         if hi > lo:
             total += sizes[pool] * (hi - lo)
     return total
+
+
+def _since(sizes: list[tuple[float, dict[str, int]]], holds) -> float:
+    """The time from which ``holds(sizes)`` stays true to the end (inf: it does not at the end)."""
+    since = float("inf")
+    for t, sz in sizes:
+        if not holds(sz):
+            since = float("inf")
+        elif since == float("inf"):
+            since = t
+    return since
 
 
 def run_shift(*, steps: int = 130, shift_step: int = 60, step_s: float = 0.25, interval: float = 1.0,
@@ -181,11 +194,18 @@ def run_shift(*, steps: int = 130, shift_step: int = 60, step_s: float = 0.25, i
 def _figures(log, sizes, began, ended, busy_s, shift_step, interval, step_s, status, scaler) -> dict:
     shift_at = next(t for s, t, _ in log if s >= shift_step)
     final = sizes[-1][1]
-    converged_at = shift_at
-    for pool, size in final.items():  # the last time the pool was not yet at its final size
+    before = [sz for t, sz in sizes if t < shift_at]
+    # the image pool grew past its first size, and the text pool fell below its size in the
+    # first stage: when each happened for good (0 if before the shift: read ahead)
+    grown = _since(sizes, lambda sz: sz["images"] > sizes[0][1]["images"])
+    text_peak = max(sz["text"] for sz in before) if before else sizes[0][1]["text"]
+    shrunk = _since(sizes, lambda sz: sz["text"] < text_peak)
+    converged_at = max(shift_at, grown, shrunk)
+    settled_at = shift_at
+    for pool, size in final.items():  # the last time a pool was not at its final size
         late = [t for t, sz in sizes if sz[pool] != size and t >= shift_at]
         if late:
-            converged_at = max(converged_at, max(late))
+            settled_at = max(settled_at, max(late))
     rate = 1.0 / step_s
     lo, hi = shift_step - 2 * interval * rate, shift_step + 4 * interval * rate
     around = [(t, w) for s, t, w in log if lo <= s < hi]
@@ -197,11 +217,12 @@ def _figures(log, sizes, began, ended, busy_s, shift_step, interval, step_s, sta
     needed = busy_s / run_s
     return {
         "converge_intervals": (converged_at - shift_at) / interval,
+        "settle_intervals": (settled_at - shift_at) / interval,
         "stall_fraction_during_shift": stall,
         "cores_over_demand": held / needed if needed > 0 else float("nan"),
         "cores_over_demand_static": peak / needed if needed > 0 else float("nan"),
         "cores_held": held, "cores_needed": needed, "final_sizes": final,
-        "start_sizes": sizes[0][1], "peak_sizes": {p: max(sz[p] for _, sz in sizes) for p in final},
+        "start_sizes": sizes[0][1], "sizes_at_shift": before[-1] if before else sizes[0][1], "peak_sizes": {p: max(sz[p] for _, sz in sizes) for p in final},
         "steps_per_s": len(log) / (log[-1][1] - log[0][1]) if len(log) > 1 else 0.0,
         "scaler_errors": status.errors,
         "decisions": [(round(d.time, 2), d.group, d.current, d.workers, d.reason) for d in scaler.history],
@@ -223,7 +244,8 @@ def run(quick: bool = False) -> dict:
     return {
         "pools.converge_intervals": figure(
             med("converge_intervals"), goal="<= 2", unit="intervals",
-            note=f"planner intervals from the shift until both pools hold their final size; {sizes}; "
+            note=f"planner intervals from the shift until the image pool grew and the text pool "
+                 f"shrank for good (until no pool changes: {med('settle_intervals'):.1f}); {sizes}; "
                  f"median of {len(runs)}"),
         "pools.stall_fraction_during_shift": figure(
             med("stall_fraction_during_shift"), goal="< 0.01", unit="fraction",

@@ -30,8 +30,8 @@ def test_pools_follow_a_mixture_shift_without_stalling_the_trainer(tmp_path):
     assert out["scaler_errors"] == 0
     assert out["start_sizes"] == {"text": 2, "images": 1}
     assert out["final_sizes"]["images"] > 1, out["decisions"]
-    assert out["final_sizes"]["text"] < out["peak_sizes"]["text"], out["decisions"]
-    assert out["final_sizes"]["text"] == 1, out["decisions"]
+    # the text pool needed more than one worker in the first stage and shrank after the shift
+    assert out["sizes_at_shift"]["text"] > out["final_sizes"]["text"] == 1, out["decisions"]
     assert out["converge_intervals"] <= 2.0, out["decisions"]
     assert out["stall_fraction_during_shift"] < 0.01, out
     for *_, reason in out["decisions"]:  # every change says why, with the numbers behind it
