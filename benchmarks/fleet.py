@@ -207,7 +207,7 @@ def _cluster_host_main(sources, plan, job: str, loader_workers: int, conn) -> No
     groups = [tuple(names[i::loader_workers]) for i in range(min(loader_workers, len(names)))]
     pools = [PoolSpec(name=f"loaders{i}", sources=g) for i, g in enumerate(groups)]
     try:
-        with start_cluster(sources, pools=pools, constructors=1) as cluster, \
+        with start_cluster(sources, pools=pools, constructors=1, autoscale=False) as cluster, \
                 cluster.client(set_as_default=False) as client:
             client.wait_for_workers(len(pools) + 1, timeout=120)
             submit_job(client, plan, job=job)

@@ -142,7 +142,8 @@ def run(quick: bool = False) -> dict:
     steps, repeats = (10, 1) if quick else (16, 3)
     pools = [PoolSpec("text", tuple(s.name for s in sources), workers=2)]
     figures: dict = {}
-    with start_cluster(sources, pools=pools, constructors=1, constructor_threads=1) as cluster:
+    with start_cluster(sources, pools=pools, constructors=1, constructor_threads=1,
+                       autoscale=False) as cluster:
         with cluster.client() as client:
             figures.update(constructor_kill_stall(client, plan, steps, fault_at=steps // 2,
                                                   repeats=repeats))

@@ -66,7 +66,8 @@ def loader_kill_stall(*, runs: int = 3, steps: int = 12, step_s: float = 0.5, ki
             pools = [PoolSpec("text", tuple(s.name for s in sources), workers=1, threads=2,
                               standbys=standbys)]
             cluster = stack.enter_context(start_cluster(
-                sources, pools=pools, constructors=1, constructor_threads=2, dashboard_address=None))
+                sources, pools=pools, constructors=1, constructor_threads=2, dashboard_address=None,
+                autoscale=False))
             clients[name] = stack.enter_context(cluster.client())
             clients[name].wait_for_workers(2 + standbys, timeout=120)
         # the configurations take turns, so both see the same load on a shared machine; each

@@ -127,7 +127,8 @@ def storage_outage_recovery(*, repeats: int = 3, outage_s: float = 3.0, steps: i
                 .distribute(ClientPlaceTree(dp=2)).seed(3).window(2).shuffle(1))
         pools = [PoolSpec("remote", ("chat",), threads=2), PoolSpec("disk", ("code",))]
         with dask.config.set(config), start_cluster(sources, pools=pools, constructors=1,
-                                                    constructor_threads=1) as cluster:
+                                                    constructor_threads=1,
+                                                    autoscale=False) as cluster:
             with cluster.client() as client:
                 submit_job(client, plan, job="reference")
                 threads, reference, _, errors = train(client, "reference")

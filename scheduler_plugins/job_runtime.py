@@ -20,7 +20,7 @@ import asyncio
 import logging
 import time
 import traceback
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -31,7 +31,7 @@ from mdata.errors import MdataError
 from mdata.observe import SourceMeter, TrainerMeter
 from mdata.sources import SourceStorageWait
 from mdata.wire.messages import (
-    BatchLocation, BatchLocationReply, ChunkPull, ConstructSpec, PoolTargetInfo, Status,
+    BatchLocation, BatchLocationReply, ChunkPull, ConstructSpec, PoolDecision, Status,
     StatusCounters, StatusReply, StorageWaitInfo,
 )
 from mdata.planner.roster import Holder, TrainerRoster
@@ -83,7 +83,14 @@ class JobRuntime:
         # (reason, the typed error when it was an MdataError) per batch that could not be built
         self.batch_errors: dict[tuple[int, int], tuple[str, MdataError | None]] = {}
         self.step_summaries: dict[int, dict] = {}
-        self.pool_targets: dict[str, dict] = {}
+        # the Planner's latest decision per source, and every decision with the workers that
+        # served the source then (the dashboard's sources page plots them over time)
+        self.pool_targets: dict[str, PoolDecision] = {}
+        self.pool_history: deque[tuple[PoolDecision, int]] = deque(maxlen=4000)
+        self.scaler_status = None  # the autoscaler's last report (set by the Planner plugin)
+        self._pool_inputs: tuple[float, tuple[int, ...], float] = (-1.0, (), 0.0)
+        # (wall time, loaded samples, load tasks outstanding) per source, once a second
+        self.source_history: deque[tuple[float, tuple[int, ...], tuple[int, ...]]] = deque(maxlen=3600)
         self.failure: str | None = None
         self.failure_error: MdataError | None = None  # what failed the job, when typed
         self.failed = asyncio.Event()
@@ -103,6 +110,7 @@ class JobRuntime:
         # first, and is recorded once (see _delivery)
         self.delivered: dict[int, tuple[str, int]] = {}
         self.wait_seconds: dict[int, float] = defaultdict(float)
+        self.stalled_seconds: dict[int, float] = {}  # training loops' own waits (acks tell them)
         self.consumed_steps: dict[int, int] = {}
         self.started = time.time()
         # What the dashboard shows (mdata.observe): loads per source, trainer waits per step.
@@ -196,7 +204,32 @@ class JobRuntime:
     async def tick(self) -> None:
         if not self.lock.locked():
             now = time.monotonic()  # the clock feeds step-rate measurement and pool sizing
-            await self.handle(ps.Tick(now=now, stimulus_id=f"tick-{now:.3f}"))
+            threads, waited = self.pool_inputs(now)
+            await self.handle(ps.Tick(now=now, stimulus_id=f"tick-{now:.3f}", wall=time.time(),
+                                      waited_s=waited, pool_threads=threads))
+
+    def pool_inputs(self, now: float) -> tuple[tuple[int, ...], float]:
+        """What pool sizing reads besides the Planner's own state, refreshed once a second:
+        loader threads per worker of each source's pool (0: no worker; a worker holds its thread
+        count of ``pool_<source>``) and the mean stall of the ranks' training loops (the loops'
+        own waits, not the prefetchers' long polls)."""
+        then, threads, waited = self._pool_inputs
+        if now - then >= 1.0:
+            amounts = [ws.resources for ws in self.scheduler.workers.values()]
+            threads = tuple(int(max((r.get(pool_resource(n), 0) for r in amounts), default=0))
+                            for n in self.plan.source_names)
+            stalls = self.stalled_seconds
+            waited = sum(stalls.values()) / len(stalls) if stalls else 0.0
+            self._pool_inputs = (now, threads, waited)
+            figs = self.source_meter.snapshot(now)  # the dashboard's loads-over-time, same pace
+            self.source_history.append((time.time(), tuple(f.loaded_samples for f in figs),
+                                        tuple(f.backlog_chunks for f in figs)))
+        return threads, waited
+
+    def pool_workers(self, source: str) -> int:
+        """How many workers hold the source's pool resource right now."""
+        resource = pool_resource(source)
+        return sum(1 for ws in self.scheduler.workers.values() if ws.resources.get(resource, 0) > 0)
 
     def worker_lost(self, address: str) -> None:
         self._spawn(self.handle(ps.WorkerLost(worker=address, stimulus_id=f"lost-{address}")))
@@ -304,8 +337,11 @@ class JobRuntime:
             self.step_summaries.pop(next(iter(self.step_summaries)))
 
     def _pool_target(self, ins: "ps.PoolTarget") -> None:
-        self.pool_targets[ins.source] = {"workers": ins.workers, "reason": ins.reason,
-                                       "demand": float(ins.demand), "time": time.time()}
+        decision = ins.decision
+        self.pool_targets[decision.group] = decision
+        self.pool_history.append((decision, self.pool_workers(decision.group)))
+        if decision.changed:
+            logger.info("mdata job %s: pool of %s: %s", self.job, decision.group, decision.reason)
 
     def _job_failed(self, ins: "ps.JobFailed") -> None:
         self._fail(ins.reason, ins.error)  # the typed error that failed the job, when there is one
@@ -413,8 +449,11 @@ class JobRuntime:
                     waiter.cancel()
 
     async def acknowledge(self, rank: int, step: int, *, consumed: bool = True, token: str = "",
-                          generation: int = 0) -> None:
-        """``rank`` consumed (its training loop took the next batch) or only received ``step``."""
+                          generation: int = 0, stalled_s: float = -1.0) -> None:
+        """``rank`` consumed (its training loop took the next batch) or only received ``step``;
+        ``stalled_s``: the rank's training loop's total wait for batches (-1: not told)."""
+        if stalled_s >= 0:
+            self.stalled_seconds[rank] = stalled_s
         if token:
             self.roster.check(rank, token, generation)  # a stale Loader hears it as an error
         delivery = self._delivery(rank, step, token)  # consumed implies delivered, told first
@@ -514,10 +553,9 @@ class JobRuntime:
             job=self.job,
             failure=self.failure,
             uptime_s=time.time() - self.started,
-            steps={str(k): v for k, v in sorted(self.step_summaries.items())[-max_steps:]},
-            pool_targets={name: PoolTargetInfo(int(t["workers"]), str(t["reason"]),
-                                               float(t["demand"]), float(t["time"]))
-                          for name, t in self.pool_targets.items()},
+            steps={str(k): v for k, v in sorted(self.step_summaries.items())[-max_steps:]}
+            if max_steps > 0 else {},
+            pool_targets=dict(self.pool_targets),
             chunks_in_memory=len(self.chunk_futures),
             batches_in_memory=len(self.batch_futures),
             trainer_wait_s={str(k): float(v) for k, v in self.wait_seconds.items()},
@@ -532,6 +570,7 @@ class JobRuntime:
             ),
             storage_waits={name: StorageWaitInfo.of(wait, now)
                            for name, wait in self.storage_waits.items()},
+            **({} if self.scaler_status is None else {"autoscaler": self.scaler_status}),
         )
 
     # -- lifecycle -------------------------------------------------------------------------------

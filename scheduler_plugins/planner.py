@@ -73,6 +73,7 @@ class PlannerPlugin(SchedulerPlugin):
         self.storage_poll_s = config.seconds("planner.storage-poll-interval")
         self.storage: StoragePoller | None = None  # which sources wait on storage (storage_poll)
         self.standbys: StandbyKeeper | None = None  # the pools' warm standbys (scheduler_plugins.standbys)
+        self.scaler_status: msg.ScalerStatus | None = None  # the pool autoscaler's last report
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self, scheduler) -> None:
@@ -97,6 +98,7 @@ class PlannerPlugin(SchedulerPlugin):
             msg.CloseJobRequest: self.close_job,
             msg.AttachRequest: self.attach,
             msg.DetachRequest: self.detach,
+            msg.ScalerReportRequest: self.scaler_report,
         }
         self._handlers = {cls.handler.value: msg.serve(cls, fn) for cls, fn in served.items()}
         scheduler.handlers.update(self._handlers)
@@ -212,6 +214,7 @@ class PlannerPlugin(SchedulerPlugin):
             state = ps.PlannerState(plan_obj, listings, job=job, lineage_steps=lineage_steps)
         runtime = JobRuntime(self.scheduler, client, job, plan_obj, state, listings, lineage_steps,
                              resume_options=options)
+        runtime.scaler_status = self.scaler_status
         self.jobs[job] = runtime
         self.standbys.job_registered(plan_obj)  # the pools' standbys open the job's sources
         await runtime.tick()
@@ -258,7 +261,8 @@ class PlannerPlugin(SchedulerPlugin):
 
     async def ack(self, req: msg.AckRequest) -> msg.OkReply:
         await self._ranked(req).acknowledge(req.rank, req.step, consumed=req.consumed,
-                                             token=req.token, generation=req.generation)
+                                             token=req.token, generation=req.generation,
+                                             stalled_s=req.stalled_s)
         return msg.OkReply()
 
     async def attach(self, req: msg.AttachRequest) -> msg.AttachReply:
@@ -332,7 +336,8 @@ class PlannerPlugin(SchedulerPlugin):
         return await runtime.read_state(read)
 
     def status(self, req: msg.StatusRequest) -> msg.StatusReply:
-        return self._job(req.job).status()
+        runtime = self._job(req.job)
+        return runtime.status() if req.max_steps is None else runtime.status(req.max_steps)
 
     def job_info(self, req: msg.JobInfoRequest) -> msg.JobInfo:
         return self._job_info(self._job(req.job))
@@ -349,6 +354,13 @@ class PlannerPlugin(SchedulerPlugin):
             # again and a constructor waiting for it should give up now, not at its deadline.
             out.append(None if ts is None else tuple(ws.address for ws in ts.who_has or ()))
         return msg.WhoHasReply(tuple(out))
+
+    def scaler_report(self, req: msg.ScalerReportRequest) -> msg.OkReply:
+        """A pool autoscaler's status: every job's status and the dashboard show it."""
+        self.scaler_status = req.status
+        for runtime in self.jobs.values():
+            runtime.scaler_status = req.status
+        return msg.OkReply()
 
     async def close_job(self, req: msg.CloseJobRequest) -> msg.OkReply:
         runtime = self.jobs.pop(req.job, None)

@@ -1,15 +1,16 @@
 """Driver side: code that starts clusters, submits jobs and watches them (scripts, notebooks, CLI).
 
 ``start_cluster`` runs an embedded cluster with one worker pool per source group,
-``PoolAutoscaler`` resizes those pools from the Planner's targets, ``submit_job`` registers a plan,
+``PoolAutoscaler`` resizes those pools from the Planner's decisions through ``WorkerGroups`` (on by
+default in embedded clusters), ``submit_job`` registers a plan,
 and ``JobHandle`` answers questions about a running job. The demo lives here too.
 
 Where this runs and how a step flows through it: docs/dev/architecture.md.
 """
 
+from mdata.driver.autoscale import EmbeddedGroups, PoolAutoscaler, WorkerGroups
 from mdata.driver.cluster import (
     MdataCluster,
-    PoolAutoscaler,
     PoolSpec,
     cluster_up_cli,
     default_pools,
@@ -19,5 +20,6 @@ from mdata.driver.cluster import (
 from mdata.driver.job import JobHandle, Occurrence, SampleStory
 from mdata.trainer.loader import submit_job
 
-__all__ = ["MdataCluster", "PoolAutoscaler", "PoolSpec", "cluster_up_cli", "default_pools",
-           "layout_pools", "start_cluster", "JobHandle", "Occurrence", "SampleStory", "submit_job"]
+__all__ = ["MdataCluster", "PoolAutoscaler", "WorkerGroups", "EmbeddedGroups", "PoolSpec",
+           "cluster_up_cli", "default_pools", "layout_pools", "start_cluster", "JobHandle",
+           "Occurrence", "SampleStory", "submit_job"]

@@ -20,13 +20,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from mdata.driver.autoscale import PoolAutoscaler  # noqa: F401 - it lived here; still importable
 from mdata.errors import PlanError
 
 if TYPE_CHECKING:
     from mdata.pool_layout import LayoutPool, PoolLayout
 
-__all__ = ["PoolSpec", "MdataCluster", "PoolAutoscaler", "start_cluster", "default_pools",
-           "layout_pools", "cluster_up_cli"]
+__all__ = ["PoolSpec", "MdataCluster", "start_cluster", "default_pools", "layout_pools",
+           "cluster_up_cli"]
 
 PLANNER_PRELOAD = "scheduler_plugins.planner"
 CONSTRUCTOR_RESOURCE = "mdata_constructor"
@@ -118,6 +119,7 @@ class MdataCluster:
     cluster: object
     pools: dict[str, PoolSpec] = field(default_factory=dict)
     host: str = "127.0.0.1"  # where new workers of a scaled pool bind
+    autoscaler: object = None  # the PoolAutoscaler start_cluster started (mdata.driver.autoscale)
 
     @property
     def scheduler_address(self) -> str:
@@ -163,6 +165,8 @@ class MdataCluster:
         chunks and batches when its workers leave makes the scheduler report every one of them
         lost ("will be recomputed elsewhere") and cancel loads mid-task; closed first, it has
         released them and plans nothing more."""
+        if self.autoscaler is not None:
+            self.autoscaler.stop()  # before the jobs close: it asks them for targets
         self._close_jobs()
         self.cluster.close()
 
@@ -186,71 +190,6 @@ class MdataCluster:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-class PoolAutoscaler:
-    """Applies the Planner's per-source targets to an embedded cluster's pools.
-
-    The Planner decides (with hysteresis, and a reason for every target); this only maps source
-    targets to pools (:func:`mdata.pool_scaling.pool_targets`) and calls
-    :meth:`MdataCluster.scale_pool`. On Kubernetes or Slurm the same targets, read from the
-    ``mdata_status`` handler or ``/mdata/api/<job>/sources``, drive the platform's own scaling.
-    """
-
-    def __init__(self, cluster: MdataCluster, client, job: str, *, interval: float = 2.0,
-                 min_workers: int = 1, max_workers: Mapping[str, int] | int | None = None) -> None:
-        import threading
-
-        self.cluster = cluster
-        self.client = client
-        self.job = job
-        self.interval = float(interval)
-        self.min_workers = int(min_workers)
-        self.max_workers = max_workers
-        self.history: list[tuple[float, str, int, int, str]] = []  # time, pool, from, to, reason
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def step(self) -> list:
-        """Read the job's targets once and apply the pool changes they imply; returns them."""
-        import time
-
-        from mdata.driver.job import JobHandle
-        from mdata.pool_scaling import pool_targets
-
-        status = JobHandle(self.client, self.job).status()
-        pools = {name: spec.sources for name, spec in self.cluster.pools.items()}
-        decisions = pool_targets(pools, status["pool_targets"], min_workers=self.min_workers,
-                                 max_workers=self.max_workers)
-        applied = []
-        for pool, decision in decisions.items():
-            current = self.cluster.pools[pool].workers
-            if decision.workers != current:
-                self.cluster.scale_pool(pool, decision.workers)
-                self.history.append((time.time(), pool, current, decision.workers, decision.reason))
-                applied.append(decision)
-        return applied
-
-    def start(self) -> "PoolAutoscaler":
-        import threading
-
-        def loop() -> None:
-            while not self._stop.wait(self.interval):
-                try:
-                    self.step()
-                except Exception:  # a closing cluster or job: stop quietly, scaling is best effort
-                    if self._stop.is_set():
-                        return
-                    raise
-
-        self._thread = threading.Thread(target=loop, name=f"mdata-autoscale-{self.job}", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=self.interval + 5)
 
 
 def _worker(threads: int, resources: Mapping[str, int], memory_limit, host: str) -> dict:
@@ -279,13 +218,16 @@ def start_cluster(
     dashboard_address: str | None = ":0",
     scheduler_port: int = 0,
     security=None,
+    autoscale: bool | None = None,
 ) -> MdataCluster:
     """Start an embedded cluster for ``sources``: a Planner scheduler, loader pools, constructors.
 
     Binds to loopback by default. ``pools`` (PoolSpecs, or a layout's pools) defaults to the pools
     of ``layout`` (a :class:`~mdata.pool_layout.PoolLayout` computed from a profile), else to
     :func:`default_pools`. Every source must be served by some pool, or its load tasks would wait
-    forever; that is checked here.
+    forever; that is checked here. ``autoscale``
+    (None: ``mdata.cluster.autoscale``, on by default) resizes the pools from the Planner's
+    decisions (:class:`~mdata.driver.autoscale.PoolAutoscaler`; ``.autoscaler`` of the result).
     """
     from distributed import Scheduler, SpecCluster
 
@@ -336,7 +278,10 @@ def start_cluster(
         security=security,
         name="mdata",
     )
-    return MdataCluster(cluster=cluster, pools={p.name: p for p in pools}, host=host)
+    out = MdataCluster(cluster=cluster, pools={p.name: p for p in pools}, host=host)
+    if config.get("cluster.autoscale") if autoscale is None else autoscale:
+        out.autoscaler = PoolAutoscaler(out).start()
+    return out
 
 
 def _plan_to_serve(path: str):

@@ -171,7 +171,11 @@ class JobHandle:
         consumption and wait time, pool targets, ``failure`` (None while the job is healthy) and
         ``storage_waits``: per source whose loads wait on unreachable storage right now,
         ``since`` (wall clock), ``waited_s``, ``attempts``, ``last_error``, ``workers`` and
-        ``targets`` (empty while storage answers; the Planner hears it within about a second)."""
+        ``targets`` (empty while storage answers; the Planner hears it within about a second).
+        ``pool_targets``: the Planner's latest :class:`~mdata.wire.pools.PoolDecision` per
+        source, as dicts; ``autoscaler``: the cluster's pool autoscaler as it last reported
+        (``running``, ``errors`` it survived, ``last_error``, ``workers`` per pool, ``applied``
+        decisions)."""
         return self._ask(StatusRequest(self.job)).to_msg()
 
     def storage_waits(self) -> dict[str, dict[str, Any]]:

@@ -30,9 +30,17 @@ class PlannerEvent:
 
 @dataclass(frozen=True)
 class Tick(PlannerEvent):
-    """Time passes; ``now`` (seconds, monotonic) feeds step-rate measurement and pool sizing."""
+    """Time passes; ``now`` (seconds, monotonic) feeds step-rate measurement and pool sizing.
+
+    ``waited_s``: how long trainer ranks waited for batches so far, in all (mean over ranks);
+    ``pool_threads``: loader threads per worker of each source's pool (plan order; 0 or empty:
+    not known); ``wall``: wall-clock seconds stamped on pool decisions.
+    """
 
     now: float | None = None
+    waited_s: float = 0.0
+    pool_threads: tuple[int, ...] = ()
+    wall: float = 0.0
 
 
 @dataclass(frozen=True, eq=False)

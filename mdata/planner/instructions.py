@@ -16,6 +16,7 @@ import numpy as np
 
 from mdata.errors import MdataError
 from mdata.order import ChunkRef
+from mdata.wire.pools import PoolDecision
 
 __all__ = [
     "Instruction", "LoadChunk", "ReleaseChunk", "ConstructBatch", "ReleaseBatch", "StepReady",
@@ -186,10 +187,15 @@ class JobFailed(Instruction):
 
 @dataclass(frozen=True)
 class PoolTarget(Instruction):
-    """Run ``workers`` loader workers for ``source``'s pool; ``reason`` says why."""
+    """The Planner's sizing of one source's pool: a :class:`~mdata.wire.pools.PoolDecision`
+    (target workers, demand, reason), also when it holds the target (``kind == "hold"``)."""
 
-    source: str
-    workers: int
-    reason: str
-    demand: float = 0.0  # worker-equivalents of demand (headroom included) before rounding up
+    decision: PoolDecision
 
+    @property
+    def source(self) -> str:
+        return self.decision.group
+
+    @property
+    def workers(self) -> int:
+        return self.decision.workers

@@ -49,7 +49,8 @@ from mdata.planner.events import (
     BatchConsumed, BatchDelivered, ChunkFailed, ChunkLoaded, MetricsReported, PlannerEvent,
     RanksConsumed, Tick, WorkerLost,
 )
-from mdata.planner.instructions import Instruction, JobFailed, PoolTarget, ReleaseBatch, StepReady
+from mdata.planner.instructions import Instruction, JobFailed, ReleaseBatch, StepReady
+from mdata.planner.pool_ticks import pool_targets_on_tick
 from mdata.planner.resume import Resume, ResumeOptions, plan_resume
 from mdata.planner.selection import select_samples
 from mdata.pool_demand import PoolSizer
@@ -109,7 +110,7 @@ class PlannerState:
                                        self.global_batch)  # a copy: stateful policies change
         self.chunks = ChunkTable(orders, job, width=max(plan.chunk_rows(n) for n in self.names))
         self.assigner = StepAssigner(plan)
-        self.pool_sizer = pool_sizer if pool_sizer is not None else PoolSizer(self.names)
+        self.pool_sizer = pool_sizer if pool_sizer is not None else PoolSizer.from_config(self.names)
         self.dgraph = DGraph(self.names, group_ranks=lambda d: sorted(self.receivers[d]))
         self.record_lineage = record_lineage
         self.lineage_steps = None if lineage_steps is None else max(1, int(lineage_steps))
@@ -242,11 +243,7 @@ class PlannerState:
 
     # -- events --------------------------------------------------------------------------------
     def _on_tick(self, ev: Tick) -> list[Instruction]:
-        if ev.now is None:
-            return []
-        self.pool_sizer.observe_progress(ev.now, self.consumed_step)
-        return [PoolTarget(d.source, d.workers, d.reason, d.demand, stimulus_id=ev.stimulus_id)
-                for d in self.pool_sizer.decide(self.provisioner.last_weights, self.global_batch)]
+        return list(pool_targets_on_tick(self, ev))
 
     def _on_chunk_loaded(self, ev: ChunkLoaded) -> list[Instruction]:
         ref = ev.chunk

@@ -15,9 +15,7 @@ thread fetched it, so the Planner's "consumed" step is what trainers really trai
 Each Loader leases its rank (one rank, one Loader) and joins a *generation* of the job: a
 Loader that brings a checkpoint for a job that runs already rewinds the job to it, and every rank
 must bring the same step (see ``mdata.planner.roster``). A batch whose constructor died is rebuilt
-and located again; the Loader follows it instead of failing.
-
-Every call is a typed message of :mod:`mdata.wire.messages`. When the job fails, the Loader raises
+and located again; the Loader follows it instead of failing. Every call is a typed message of :mod:`mdata.wire.messages`. When the job fails, the Loader raises
 the error that failed it, as its own class with its fields (a corrupt shard arrives as a
 ``CorruptShardError`` with ``source``, ``shard`` and ``row``), noted with this rank and step.
 """
@@ -270,7 +268,8 @@ class Loader:
         if step is not None:
             ask_sync(self.client, AckRequest(job=self.job, rank=self.rank, step=step,
                                              consumed=True, token=self._token,
-                                             generation=self._generation))
+                                             generation=self._generation,
+                                             stalled_s=self.wait_seconds))
 
     def _prefetch_loop(self) -> None:
         from mdata.trainer.tensors import batch_to_torch

@@ -52,6 +52,7 @@ class Handler(str, enum.Enum):
     GET_BATCH = "mdata_get_batch"
     STORAGE_WAITS = "mdata_storage_waits"  # any mdata worker: its sources waiting on storage
     SET_ROLE = "mdata_set_role"  # loader pools: promote a standby, demote a returning loader
+    SCALER_REPORT = "mdata_scaler_report"  # scheduler: a pool autoscaler's status and decisions
 
     def __str__(self) -> str:
         return self.value

@@ -151,7 +151,9 @@ class AckRequest(Request):
     """Trainer ``rank`` consumed its batch of ``step`` (its training loop took the next one, or
     said so), which implies it was delivered; with ``consumed=False``: the batch was only
     delivered (fetched by the prefetcher; usually told with the next BatchLocationRequest).
-    ``token``/``generation``: the Loader's lease, as in :class:`BatchLocationRequest`."""
+    ``token``/``generation``: the Loader's lease, as in :class:`BatchLocationRequest`.
+    ``stalled_s``: how long the rank's training loop has waited for batches in all (not its
+    prefetcher: the loop's own stall), which pool sizing reads; -1 when not told."""
 
     handler = Handler.ACK
     reply = OkReply
@@ -162,10 +164,14 @@ class AckRequest(Request):
     consumed: bool = True
     token: str = ""
     generation: int = 0
+    stalled_s: float = -1.0
 
     def to_msg(self) -> dict[str, Any]:
-        return {"job": self.job, "rank": self.rank, "step": self.step, "consumed": self.consumed,
-                "token": self.token, "generation": self.generation}
+        out = {"job": self.job, "rank": self.rank, "step": self.step, "consumed": self.consumed,
+               "token": self.token, "generation": self.generation}
+        if self.stalled_s >= 0:
+            out["stalled_s"] = self.stalled_s
+        return out
 
     @classmethod
     def from_msg(cls, msg: Any) -> "AckRequest":
@@ -173,7 +179,8 @@ class AckRequest(Request):
         out = cls(r.str("job"), r.int("rank"), r.int("step"),
                   check_bool(r.raw("consumed", True), r, "consumed"),
                   check_str(r.raw("token", ""), r, "token"),
-                  check_int(r.raw("generation", 0), r, "generation"))
+                  check_int(r.raw("generation", 0), r, "generation"),
+                  check_float(r.raw("stalled_s", -1.0), r, "stalled_s"))
         r.done()
         return out
 

@@ -19,10 +19,11 @@ from mdata.wire.codec import (
     Handler, Message, Reader, check_dict, check_float, check_int, check_mapping, check_str,
 )
 from mdata.wire.jobs import JobRequest
+from mdata.wire.pools import PoolDecision, ScalerStatus, read_decision, read_scaler
 from mdata.wire.storage import StorageWaitInfo, read_storage_wait
 
 __all__ = [
-    "StatusRequest", "StatusReply", "StatusCounters", "PoolTargetInfo", "StoryRequest",
+    "StatusRequest", "StatusReply", "StatusCounters", "StoryRequest",
     "StoryReply", "StoryOccurrence", "LineageRequest", "LineageReply", "ExactlyOnce",
 ]
 
@@ -54,47 +55,26 @@ class StatusCounters(Message):
 
 
 @dataclass(frozen=True)
-class PoolTargetInfo(Message):
-    """The Planner's latest size target for one source's loader pool, and why."""
-
-    workers: int
-    reason: str
-    demand: float
-    time: float
-
-    def to_msg(self) -> dict[str, Any]:
-        return {"workers": self.workers, "reason": self.reason, "demand": self.demand, "time": self.time}
-
-    @classmethod
-    def from_msg(cls, msg: Any) -> "PoolTargetInfo":
-        r = Reader(cls.__name__, msg)
-        out = cls(r.int("workers"), r.str("reason"), r.float("demand"), r.float("time"))
-        r.done()
-        return out
-
-
-def _pool_target(value: Any, r: Reader, name: str) -> PoolTargetInfo:
-    return PoolTargetInfo.from_msg(value)
-
-
-@dataclass(frozen=True)
 class StatusReply(Message):
     """A snapshot of one job: per-step summaries (``steps``, keyed by the step as a string),
-    counters, pool targets, per-rank consumption and wait, ``failure`` (None while healthy), and
+    counters, pool targets, per-rank consumption and wait, ``failure`` (None while healthy),
     ``storage_waits``: the job's sources whose loads wait on unreachable storage right now (empty
-    while storage answers), as the Planner last heard from the loader workers."""
+    while storage answers), as the Planner last heard from the loader workers, and
+    ``autoscaler``: the cluster's pool autoscaler as it last reported (``running`` False and no
+    errors when none runs)."""
 
     job: str
     failure: str | None
     uptime_s: float
     steps: Mapping[str, Mapping[str, Any]]
-    pool_targets: Mapping[str, PoolTargetInfo]
+    pool_targets: Mapping[str, PoolDecision]
     chunks_in_memory: int
     batches_in_memory: int
     trainer_wait_s: Mapping[str, float]
     consumed_steps: Mapping[str, int]
     counters: StatusCounters
     storage_waits: Mapping[str, StorageWaitInfo] = field(default_factory=dict)
+    autoscaler: ScalerStatus = field(default_factory=ScalerStatus)
 
     def to_msg(self) -> dict[str, Any]:
         return {
@@ -109,6 +89,7 @@ class StatusReply(Message):
             "consumed_steps": dict(self.consumed_steps),
             "counters": self.counters.to_msg(),
             "storage_waits": {k: v.to_msg() for k, v in self.storage_waits.items()},
+            "autoscaler": self.autoscaler.to_msg(),
         }
 
     @classmethod
@@ -119,13 +100,14 @@ class StatusReply(Message):
             failure=r.optional("failure", check_str, required=True),
             uptime_s=r.float("uptime_s"),
             steps=r.mapping("steps", check_dict),
-            pool_targets=r.mapping("pool_targets", _pool_target),
+            pool_targets=r.mapping("pool_targets", read_decision),
             chunks_in_memory=r.int("chunks_in_memory"),
             batches_in_memory=r.int("batches_in_memory"),
             trainer_wait_s=r.mapping("trainer_wait_s", check_float),
             consumed_steps=r.mapping("consumed_steps", check_int),
             counters=StatusCounters.from_msg(r.raw("counters")),
             storage_waits=r.mapping("storage_waits", read_storage_wait),
+            autoscaler=read_scaler(r.raw("autoscaler", ScalerStatus().to_msg()), r, "autoscaler"),
         )
         r.done()
         return out
@@ -133,8 +115,27 @@ class StatusReply(Message):
 
 @dataclass(frozen=True)
 class StatusRequest(JobRequest):
+    """``max_steps``: the newest step summaries to include (None: all kept; the autoscaler,
+    which reads pool targets every interval, asks for none)."""
+
     handler = Handler.STATUS
     reply = StatusReply
+
+    max_steps: int | None = None
+
+    def to_msg(self) -> dict[str, Any]:
+        out = {"job": self.job}
+        if self.max_steps is not None:
+            out["max_steps"] = self.max_steps
+        return out
+
+    @classmethod
+    def from_msg(cls, msg: Any) -> "StatusRequest":
+        r = Reader(cls.__name__, msg)
+        raw = r.raw("max_steps", None)
+        out = cls(r.str("job"), None if raw is None else check_int(raw, r, "max_steps"))
+        r.done()
+        return out
 
 
 # -- story and lineage ---------------------------------------------------------------------------

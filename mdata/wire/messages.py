@@ -51,13 +51,15 @@ from mdata.wire.delivery import (
 )
 from mdata.wire.errors import MessageError, NoHandlerError, error_from_msg, error_to_msg
 from mdata.wire.inspection import (
-    ExactlyOnce, LineageReply, LineageRequest, PoolTargetInfo, StatusCounters, StatusReply,
+    ExactlyOnce, LineageReply, LineageRequest, StatusCounters, StatusReply,
     StatusRequest, StoryOccurrence, StoryReply, StoryRequest,
 )
 from mdata.wire.storage import (
     StorageWaitInfo, StorageWaitsReply, StorageWaitsRequest, WorkerStorageWait,
 )
-from mdata.wire.pools import SetRoleReply, SetRoleRequest
+from mdata.wire.pools import (
+    PoolDecision, ScalerReportRequest, ScalerStatus, SetRoleReply, SetRoleRequest,
+)
 from mdata.wire.trainers import AttachReply, AttachRequest, DetachRequest
 from mdata.wire.jobs import (
     CheckpointReply, CheckpointRequest, CloseJobRequest, JobInfo, JobInfoRequest, JobsReply,
@@ -72,7 +74,7 @@ __all__ = [
     "RegisterJobRequest", "JobInfoRequest", "JobInfo", "MeshShape", "JobsRequest", "JobsReply",
     "CloseJobRequest", "OkReply", "CheckpointRequest", "CheckpointReply",
     # inspection
-    "StatusRequest", "StatusReply", "StatusCounters", "PoolTargetInfo", "StoryRequest",
+    "StatusRequest", "StatusReply", "StatusCounters", "StoryRequest",
     "StoryReply", "StoryOccurrence", "LineageRequest", "LineageReply", "ExactlyOnce",
     # delivery
     "BatchLocationRequest", "BatchLocation", "BatchLocationReply", "AckRequest",
@@ -86,6 +88,8 @@ __all__ = [
     "StorageWaitsRequest", "StorageWaitsReply", "WorkerStorageWait", "StorageWaitInfo",
     # loader pools' roles (standbys)
     "SetRoleRequest", "SetRoleReply",
+    # pool sizing: one decision shape, the autoscaler's report
+    "PoolDecision", "ScalerStatus", "ScalerReportRequest",
 ]
 
 R = TypeVar("R", bound=Request)
@@ -98,7 +102,7 @@ CATALOGUE: dict[Handler, type[Request]] = {
         ReportMetricsRequest, CheckpointRequest, StatusRequest, StoryRequest, LineageRequest,
         WhoHasRequest, CloseJobRequest, TakeRowsRequest, TakeRowsManyRequest, GetBatchRequest,
         AttachRequest,
-        DetachRequest, StorageWaitsRequest, SetRoleRequest,
+        DetachRequest, StorageWaitsRequest, SetRoleRequest, ScalerReportRequest,
     )
 }
 if set(CATALOGUE) != set(Handler):  # pragma: no cover - a handler added without its request class

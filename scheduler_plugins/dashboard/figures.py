@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from scheduler_plugins.job_runtime import JobRuntime
 
 __all__ = [
-    "job_summary", "sources_figures", "mixture_figures", "balance_figures", "trainers_figures",
+    "job_summary", "sources_figures", "pools_timeline", "mixture_figures", "balance_figures", "trainers_figures",
     "story_rows", "story_sample", "story_table", "STORY_COLUMNS",
 ]
 
@@ -84,10 +84,58 @@ def sources_figures(runtime: "JobRuntime", *, now: float | None = None) -> dict[
         cols["backlog_chunks"].append(f.backlog_chunks)
         cols["backlog_rows"].append(f.backlog_rows)
         cols["pool_workers"].append(pool_workers(runtime.scheduler, f.source))
-        cols["target_workers"].append(None if target is None else int(target["workers"]))
-        cols["reason"].append(NO_TARGET_REASON if target is None else str(target["reason"]))
+        cols["target_workers"].append(None if target is None else int(target.workers))
+        cols["reason"].append(NO_TARGET_REASON if target is None else target.reason)
     return {"job": runtime.job, "window_s": runtime.source_meter.window_s, **cols,
             "storage_waits": {name: wait.to_dict(wall) for name, wait in waits.items()}}
+
+
+def pools_timeline(runtime: "JobRuntime", *, smooth_s: float = 5.0) -> dict[str, Any]:
+    """Per source over time (seconds since the job started): loaded samples/s (over the last
+    ``smooth_s`` seconds), load tasks outstanding, and at every Planner decision the workers
+    serving the source, the target and the demand in busy threads; ``decisions`` lists the
+    decisions that changed a target (time, source, from, to, kind, reason)."""
+    names = list(runtime.view.names)
+    t0 = runtime.started
+    hist = list(runtime.source_history)
+    times = [t - t0 for t, _, _ in hist]
+    rate = {n: [] for n in names}
+    backlog = {n: [] for n in names}
+    j = 0
+    for k, (t, loaded, waiting) in enumerate(hist):
+        while j < k - 1 and hist[j + 1][0] <= t - smooth_s:
+            j += 1
+        span = t - hist[j][0]
+        for i, n in enumerate(names):
+            rate[n].append((loaded[i] - hist[j][1][i]) / span if span > 0 else 0.0)
+            backlog[n].append(waiting[i])
+    pools = {n: {"time": [], "workers": [], "target": [], "demand": []} for n in names}
+    decisions: dict[str, list] = {k: [] for k in ("time", "source", "current", "target", "kind",
+                                                  "reason", "by")}
+    for d, serving in list(runtime.pool_history):
+        if d.group not in pools:
+            continue
+        p = pools[d.group]
+        p["time"].append(d.time - t0)
+        p["workers"].append(serving)
+        p["target"].append(d.workers)
+        p["demand"].append(d.demand)
+        if d.changed:
+            _decision(decisions, d, d.group, t0, "planner")
+    scaler = runtime.scaler_status
+    for d in () if scaler is None else scaler.applied:  # the pools' sizes the autoscaler set
+        for source in d.sources:
+            if source in pools and d.time >= t0:
+                _decision(decisions, d, source, t0, f"autoscaler (pool {d.group})")
+    return {"job": runtime.job, "sources": names, "time": times, "samples_per_s": rate,
+            "backlog": backlog, "pools": pools, "decisions": decisions,
+            "autoscaler": None if scaler is None else scaler.to_msg()}
+
+
+def _decision(out: dict[str, list], d, source: str, t0: float, by: str) -> None:
+    for key, value in (("time", d.time - t0), ("source", source), ("current", d.current),
+                       ("target", d.workers), ("kind", d.kind), ("reason", d.reason), ("by", by)):
+        out[key].append(value)
 
 
 def mixture_figures(runtime: "JobRuntime", *, last: int | None = None) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """JSON routes for the figures of mdata's dashboard pages, served by the scheduler's HTTP server.
 
     /mdata/api/jobs                                  every job: identity and progress
-    /mdata/api/<job>/sources | mixture | balance | trainers   (mixture, balance: ?last=N steps)
+    /mdata/api/<job>/sources | pools | mixture | balance | trainers   (mixture, balance: ?last=N steps)
     /mdata/api/<job>/story/<source>/<shard>/<row>    the lineage story of one sample (whole run)
 
 The figures come from :mod:`scheduler_plugins.dashboard.figures`, as the pages' do. distributed
@@ -28,6 +28,7 @@ CONFIG_KEY = "distributed.scheduler.http.routes"
 
 FIGURES = {
     "sources": figures.sources_figures,
+    "pools": figures.pools_timeline,
     "mixture": figures.mixture_figures,
     "balance": figures.balance_figures,
     "trainers": figures.trainers_figures,

@@ -1,42 +1,69 @@
-"""Sources panel: loaded samples/s and load backlog per source, pool size against its target.
+"""Sources panel: loads, backlog, pool workers and demand per source over time, and the table.
 
-A source whose backlog keeps growing while its samples/s stays flat is starving the trainers; the
-table beside the bars shows how many workers serve its pool, the Planner's target for the pool and
-the sentence the Planner gave for that target. A source whose loads wait on unreachable storage
-gets a line above the bars, and the same sentence in its row ("waiting on storage since 14:03:07
-(12 attempts, last error ...)"), so an outage is told apart from a slow pool at a glance.
+Four plots share one time axis (seconds since the job started): loaded samples/s per source,
+load tasks outstanding (a backlog that keeps growing means the pool is too small), the workers
+serving each source's pool against the Planner's target (solid: serving, dashed: target; a dot
+for every decision that changed a target, its reason on hover), and the demand in busy threads
+the target came from. The table under them shows each source's figures now, its pool's size and
+target and the sentence the Planner gave for it. A source whose loads wait on unreachable storage
+gets a line above the plots, and the same sentence in its row ("waiting on storage since
+14:03:07 (12 attempts, last error ...)"), so an outage is told apart from a slow pool at a glance.
+The autoscaler's state (running, errors it survived) is in the line above the plots too.
+
+The plots are time series, not bars of the last few seconds: loads come in bursts (a window of
+chunks at a time), so a "recent window" bar chart was empty most of the time during a long run,
+drawn on Bokeh's default 0-1 axis while the table still showed the burst (Bokeh's DataTable does
+not redraw when a source's columns change but its length does not; the panel makes the table redraw
+whenever its data changes, see :meth:`SourcesPanel.update`).
 """
 
 from __future__ import annotations
 
 import html
 
-from bokeh.layouts import column, row
-from bokeh.models import ColumnDataSource, DataTable, Div, FactorRange, NumberFormatter, TableColumn
+from bokeh.layouts import column, gridplot, row
+from bokeh.models import ColumnDataSource, DataTable, Div, HoverTool, NumberFormatter, TableColumn
 from bokeh.plotting import figure
 
 from scheduler_plugins.dashboard.common import JobSelect, colour, job_message, show
-from scheduler_plugins.dashboard.figures import sources_figures
+from scheduler_plugins.dashboard.figures import pools_timeline, sources_figures
 
 COLUMNS = ("source", "samples_per_s", "loaded_samples", "backlog_chunks", "backlog_rows",
            "failed_chunks", "pool_workers", "target", "reason", "storage", "color")
+LINES = ("xs", "ys", "source_name", "color")
+DECISIONS = ("time", "target", "source_name", "kind", "by", "reason", "color")
 
 
 class SourcesPanel:
-    """Per-source throughput, backlog and pool sizing of one job."""
+    """Per-source throughput, backlog and pool sizing of one job, over time."""
 
     def __init__(self, scheduler, job: str | None = None, **kwargs) -> None:
         self.scheduler = scheduler
         self.jobs = JobSelect(scheduler, job)
         self.source = ColumnDataSource({c: [] for c in COLUMNS}, name="mdata-sources")
-        self.rate = figure(title="loaded samples/s per source (recent window)", x_range=FactorRange(),
-                           height=260, sizing_mode="stretch_width", tools="", toolbar_location=None)
-        self.rate.vbar(x="source", top="samples_per_s", width=0.8, color="color", source=self.source)
-        self.backlog = figure(title="backlog: load tasks outstanding", x_range=self.rate.x_range,
-                              height=260, sizing_mode="stretch_width", tools="", toolbar_location=None)
-        self.backlog.vbar(x="source", top="backlog_chunks", width=0.8, color="color", source=self.source)
-        for fig in (self.rate, self.backlog):
+        self.lines = {key: ColumnDataSource({c: [] for c in LINES}, name=f"mdata-sources-{key}")
+                      for key in ("rate", "backlog", "workers", "target", "demand")}
+        self.decisions = ColumnDataSource({c: [] for c in DECISIONS}, name="mdata-sources-decisions")
+        opts = dict(height=230, sizing_mode="stretch_width", tools="", toolbar_location=None)
+        self.rate = figure(title="loaded samples/s per source", **opts)
+        self.backlog = figure(title="backlog: load tasks outstanding", x_range=self.rate.x_range, **opts)
+        self.workers = figure(title="pool workers (solid) and Planner target (dashed); dots: decisions",
+                              x_range=self.rate.x_range, **opts)
+        self.demand = figure(title="demand: busy loader threads (headroom included)",
+                             x_range=self.rate.x_range, **opts)
+        for fig, key in ((self.rate, "rate"), (self.backlog, "backlog"), (self.workers, "workers"),
+                         (self.demand, "demand")):
+            fig.multi_line(xs="xs", ys="ys", line_color="color", line_width=2, source=self.lines[key],
+                           legend_field="source_name")
             fig.y_range.start = 0
+            fig.xaxis.axis_label = "seconds since the job started"
+            fig.legend.location = "top_left"
+            fig.legend.background_fill_alpha = 0.5
+        self.workers.multi_line(xs="xs", ys="ys", line_color="color", line_width=2,
+                                line_dash="dashed", source=self.lines["target"])
+        dots = self.workers.scatter(x="time", y="target", color="color", size=9, source=self.decisions)
+        self.workers.add_tools(HoverTool(renderers=[dots], tooltips=[
+            ("source", "@source_name"), ("decision", "@kind by @by"), ("reason", "@reason")]))
         fmt = NumberFormatter(format="0,0.0")
         self.table = DataTable(
             source=self.source, index_position=None, height=200, sizing_mode="stretch_width",
@@ -54,9 +81,10 @@ class SourcesPanel:
             ],
         )
         self.message = Div()
-        self.storage = Div(styles={"color": "#b00020"})  # one line per source waiting on storage
-        self.root = column(row(self.jobs.widget, self.message), self.storage,
-                           row(self.rate, self.backlog, sizing_mode="stretch_width"), self.table,
+        self.storage = Div(styles={"color": "#b00020"})  # storage waits, autoscaler errors
+        grid = gridplot([[self.rate, self.backlog], [self.workers, self.demand]],
+                        sizing_mode="stretch_width", toolbar_location=None)
+        self.root = column(row(self.jobs.widget, self.message), self.storage, grid, self.table,
                            **kwargs)
 
     def update(self) -> None:
@@ -64,23 +92,59 @@ class SourcesPanel:
         self.message.text = job_message(self.scheduler, runtime)
         if runtime is None:
             self.source.data = {c: [] for c in COLUMNS}
+            for src in self.lines.values():
+                src.data = {c: [] for c in LINES}
+            self.decisions.data = {c: [] for c in DECISIONS}
             self.storage.text = ""
             return
         figs = sources_figures(runtime)
-        self.storage.text = storage_lines(figs)
+        timeline = pools_timeline(runtime)
+        self.storage.text = "<br>".join(filter(None, (storage_lines(figs),
+                                                      scaler_line(timeline["autoscaler"]))))
         names = figs["source"]
         data = {c: list(figs[c]) for c in COLUMNS if c in figs}
         data["target"] = ["" if t is None else str(t) for t in figs["target_workers"]]
         data["color"] = [colour(i) for i in range(len(names))]
-        if list(self.rate.x_range.factors) != names:
-            self.rate.x_range.factors = names
-        self.source.data = data
+        if data != dict(self.source.data):
+            self.source.data = data
+            # a DataTable redraws when the table changes, not when its source's columns change at
+            # the same length: flip an invisible property (the index column is hidden)
+            self.table.index_header = "#" if self.table.index_header != "#" else "# "
+        self._update_lines(timeline)
+
+    def _update_lines(self, timeline: dict) -> None:
+        names = timeline["sources"]
+        colours = [colour(i) for i in range(len(names))]
+        series = {
+            "rate": [(timeline["time"], timeline["samples_per_s"][n]) for n in names],
+            "backlog": [(timeline["time"], timeline["backlog"][n]) for n in names],
+            "workers": [(timeline["pools"][n]["time"], timeline["pools"][n]["workers"]) for n in names],
+            "target": [(timeline["pools"][n]["time"], timeline["pools"][n]["target"]) for n in names],
+            "demand": [(timeline["pools"][n]["time"], timeline["pools"][n]["demand"]) for n in names],
+        }
+        for key, pairs in series.items():
+            self.lines[key].data = {"xs": [list(x) for x, _ in pairs], "ys": [list(y) for _, y in pairs],
+                                    "source_name": list(names), "color": colours}
+        dec = timeline["decisions"]
+        index = {n: i for i, n in enumerate(names)}
+        self.decisions.data = {"time": dec["time"], "target": dec["target"],
+                               "source_name": dec["source"], "kind": dec["kind"], "by": dec["by"],
+                               "reason": dec["reason"],
+                               "color": [colours[index[s]] for s in dec["source"]]}
 
 
 def storage_lines(figs: dict) -> str:
     """HTML: ``source: waiting on storage since ...`` for each waiting source; empty when none."""
     return "<br>".join(f"<b>{html.escape(name)}</b>: {html.escape(line)}"
                        for name, line in zip(figs["source"], figs["storage"]) if line)
+
+
+def scaler_line(status: dict | None) -> str:
+    """HTML: the autoscaler's errors, when it survived any; empty otherwise."""
+    if not status or not status["errors"]:
+        return ""
+    return (f"<b>autoscaler</b>: {status['errors']} error(s) survived, last: "
+            f"{html.escape(status['last_error'])}")
 
 
 def sources_doc(scheduler, extra, doc) -> None:

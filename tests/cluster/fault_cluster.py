@@ -42,7 +42,7 @@ def main(spec_path: str, address_file: str) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with start_cluster(spec["sources"], pools=spec["pools"], constructors=spec["constructors"],
                        constructor_threads=spec.get("constructor_threads", 1),
-                       dashboard_address=None) as cluster:
+                       dashboard_address=None, autoscale=False) as cluster:
         workers = sum(p.workers for p in spec["pools"]) + spec["constructors"]
         with Client(cluster.scheduler_address, set_as_default=False) as client:
             client.wait_for_workers(workers, timeout=120)

@@ -200,11 +200,10 @@ def test_sources_panel_shows_loads_backlog_and_pool_targets(mdata_cluster, job):
     data = panel.source.data
     names = job["names"]
     assert list(data["source"]) == names
-    assert list(panel.rate.x_range.factors) == names
     assert list(data["backlog_chunks"]) == [0] * len(names)
     assert list(data["backlog_rows"]) == [0] * len(names)
     assert list(data["failed_chunks"]) == [0] * len(names)
-    assert list(data["pool_workers"]) == [1] * len(names)  # default pools: one worker each
+    assert all(w >= 1 for w in data["pool_workers"])  # default pools, sized by the autoscaler
     planned = {n: 0 for n in names}
     for step in range(STEPS):
         for dp in range(DP):
@@ -215,14 +214,38 @@ def test_sources_panel_shows_loads_backlog_and_pool_targets(mdata_cluster, job):
     for name, target, reason in zip(names, data["target"], data["reason"]):
         assert int(target) >= 1
         assert reason.startswith(f"{name}: ")
-        assert reason.endswith(f"start with {target} workers") or f" to {target} workers" in reason
+        assert (reason.endswith(f"start with {target} workers") or f" to {target} workers" in reason
+                or f"keep {target} workers" in reason)
+
+    # the plots are time series: one line per source in each, on the job's clock
+    for key in ("rate", "backlog", "workers", "target", "demand"):
+        lines = panel.lines[key].data
+        assert list(lines["source_name"]) == names, key
+        assert all(len(xs) == len(ys) for xs, ys in zip(lines["xs"], lines["ys"])), key
+    rate = panel.lines["rate"].data
+    assert len(rate["xs"][0]) >= 1 and all(x >= 0 for x in rate["xs"][0])
+    assert all(y >= 0 for ys in rate["ys"] for y in ys)
+    demand = panel.lines["demand"].data
+    # a decision each, the first from the steps consumed (later ones fall to 0: the job stopped)
+    assert all(len(ys) >= 1 and ys[0] > 0 and min(ys) >= 0 for ys in demand["ys"])
+    decisions = panel.decisions.data  # every source's first decision is a start
+    assert {n for n, k in zip(decisions["source_name"], decisions["kind"]) if k == "start"} == set(names)
+    # the table redraws when its values change (Bokeh's DataTable ignores same-length updates)
+    header = panel.table.index_header
+    panel.source.data = {**panel.source.data, "samples_per_s": [-1.0] * len(names)}
+    on_loop(mdata_cluster, lambda scheduler: panel.update())
+    assert panel.table.index_header != header
 
     status, api = get_json(mdata_cluster, f"mdata/api/{JOB}/sources")
     assert status == 200
+    data = panel.source.data
     for column in ("source", "loaded_samples", "backlog_chunks", "backlog_rows", "failed_chunks",
                    "pool_workers", "reason"):
         assert api[column] == list(data[column]), column
     assert [str(t) for t in api["target_workers"]] == list(data["target"])
+    status, pools = get_json(mdata_cluster, f"mdata/api/{JOB}/pools")
+    assert status == 200 and pools["sources"] == names
+    assert set(pools["pools"]) == set(names) and all(pools["pools"][n]["demand"][0] > 0 for n in names)
 
 
 def test_lineage_panel_and_route_tell_the_same_story(mdata_cluster, job):
@@ -259,7 +282,7 @@ def test_unknown_names_answer_with_what_exists(mdata_cluster, job):
     status, api = get_json(mdata_cluster, f"mdata/api/{JOB}/costs")
     assert status == 404
     assert api["error"] == ("no mdata figures named 'costs'; "
-                            "choose one of ['balance', 'mixture', 'sources', 'trainers']")
+                            "choose one of ['balance', 'mixture', 'pools', 'sources', 'trainers']")
 
 
 def test_jobs_route_and_selector_follow_the_latest_job_unless_one_is_picked(mdata_cluster, job,

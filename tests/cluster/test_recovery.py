@@ -110,7 +110,8 @@ def constructor_cluster(example_sources_small):
 
     sources = example_sources_small[:4]
     pools = [PoolSpec("text", tuple(s.name for s in sources), workers=1, threads=2)]
-    with start_cluster(sources, pools=pools, constructors=1, constructor_threads=1) as cluster:
+    with start_cluster(sources, pools=pools, constructors=1, constructor_threads=1,
+                       autoscale=False) as cluster:
         with cluster.client() as c:
             yield c
 

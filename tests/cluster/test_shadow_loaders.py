@@ -41,7 +41,8 @@ def standby_cluster(example_sources_small):
     # nanny restarts the killed loader, which is what this test relies on
     with dask.config.set({"distributed.deploy.lost-worker-timeout": "1 hour"}), \
             start_cluster(sources, pools=pools, constructors=1, constructor_threads=2,
-                          dashboard_address=None) as cluster, cluster.client() as client:
+                          dashboard_address=None, autoscale=False) as cluster, \
+                cluster.client() as client:
         client.wait_for_workers(3, timeout=120)
         yield client, sources
 

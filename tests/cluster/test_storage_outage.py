@@ -80,7 +80,7 @@ def outage_cluster(example_corpus):
             pools = [PoolSpec("remote", ("chat",), threads=2), PoolSpec("disk", ("code",))]
             with dask.config.set(CONFIG), start_cluster(
                     sources, pools=pools, constructors=1, constructor_threads=1,
-                    dashboard_address=":0") as cluster:
+                    dashboard_address=":0", autoscale=False) as cluster:
                 yield server, cluster, sources
         finally:
             server.stop()

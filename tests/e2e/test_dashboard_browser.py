@@ -173,11 +173,19 @@ def shots(tmp_path_factory):
 def test_sources_page_plots_every_source(browser, running_job, shots):
     names = running_job["names"]
     data = open_page(browser, running_job, "/individual-mdata-sources",
-                     lambda s: s.get("mdata-sources", {}).get("length") == len(names), shots)
+                     lambda s: s.get("mdata-sources", {}).get("length") == len(names)
+                     and all(len(xs) >= 2 for xs in s.get("mdata-sources-rate", {})
+                             .get("columns", {}).get("xs", [[]]))
+                     and s.get("mdata-sources-demand", {}).get("length") == len(names), shots)
     columns = data["mdata-sources"]["columns"]
     assert columns["source"] == names
     assert all(n > 0 for n in columns["loaded_samples"])
-    assert all(w == 1 for w in columns["pool_workers"])
+    assert all(w >= 1 for w in columns["pool_workers"])  # the autoscaler sizes the default pools
+    # the plots are time series with a line per source that holds loads, not an empty 0-1 axis
+    rate = data["mdata-sources-rate"]["columns"]
+    assert rate["source_name"] == names
+    assert any(y > 0 for ys in rate["ys"] for y in ys)
+    assert data["mdata-sources-workers"]["columns"]["source_name"] == names
 
 
 def test_mixture_page_plots_target_and_realized_lines(browser, running_job, shots):

@@ -53,7 +53,9 @@ INFO = m.JobInfo(job="pretrain", fingerprint="f00d", start_step=4, broadcast="tp
 STATUS = m.StatusReply(
     job="pretrain", failure=None, uptime_s=12.5,
     steps={"0": {"step": 0, "counts": {"chat": 3, "code": 1}, "per_rank_cost": [1.0, 2.0]}},
-    pool_targets={"chat": m.PoolTargetInfo(workers=2, reason="demand 1.2", demand=1.2, time=1e9)},
+    pool_targets={"chat": m.PoolDecision(group="chat", workers=2, reason="demand 1.2", demand=1.2,
+                                         current=1, threads=2, kind="up", time=1e9,
+                                         sources=("chat",))},
     chunks_in_memory=3, batches_in_memory=2, trainer_wait_s={"0": 0.5}, consumed_steps={"0": 3},
     counters=m.StatusCounters(planned_step=6, balanced_step=5, consumed_step=4, chunks_loaded=3,
                               truncated=0, skipped={"chat": 1, "code": 0}),
@@ -130,6 +132,13 @@ MESSAGES = [
     WAITING_STATUS,
     m.SetRoleRequest(role="loader", resources={"pool_chat": 2.0}, drop=("standby_chat",)),
     m.SetRoleReply(resources={"pool_chat": 2.0, "standby_chat": 0.0}),
+    m.StatusRequest("pretrain", max_steps=0),
+    m.ScalerReportRequest(m.ScalerStatus(
+        running=True, errors=2, last_error="OSError: scheduler gone", last_run=1e9,
+        workers={"text": 1, "images": 3},
+        applied=(m.PoolDecision("images", 3, "2.6 busy threads / 1 per worker", 2.6, 1, 1, "up",
+                                1e9, ("wallpapers",)),))),
+    m.StatusReply(**{**STATUS.__dict__, "autoscaler": m.ScalerStatus(running=True, errors=1)}),
 ]
 
 
@@ -150,6 +159,7 @@ def test_the_catalogue_names_every_handler_once_with_its_reply():
         "mdata_job_info", "mdata_who_has", "mdata_close_job", "mdata_take_rows",
         "mdata_take_rows_many", "mdata_get_batch",
         "mdata_attach", "mdata_detach", "mdata_storage_waits", "mdata_set_role",
+        "mdata_scaler_report",
     }
     for handler, request in m.CATALOGUE.items():
         assert request.handler is handler and issubclass(request.reply, m.Message)

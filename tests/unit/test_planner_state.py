@@ -225,29 +225,22 @@ def test_worker_lost_reloads_only_needed_chunks():
     assert out == ([LoadChunk(load.chunk, stimulus_id="lost3")] if load.chunk.key in held else [])
 
 
-def test_pool_targets_follow_demand_with_hysteresis():
-    sizer = PoolSizer(("a",), headroom=1.0, down_after=2)
-    sizer.observe_load(0, 100, 1.0)  # 10 ms per sample
-    sizer.observe_progress(0.0, 0)
-    sizer.observe_progress(10.0, 1000)  # 100 steps/s
-    (up,) = sizer.decide(np.array([1.0]), 4)  # 4 samples x 100 steps/s x 10 ms = 4 threads
-    assert (up.source, up.workers) == ("a", 4)
-    assert up.reason == ("a: 100.0% of 4 samples/step x 100 steps/s x 10 ms/sample = 4 busy "
-                         "threads; x1 headroom / 1 threads per worker -> start with 4 workers")
-    assert sizer.decide(np.array([0.5]), 4) == []  # one low decision is not enough
-    (down,) = sizer.decide(np.array([0.5]), 4)
-    assert down.workers == 2 and "scale down from 4 to 2" in down.reason
-
-
 def test_tick_emits_pool_targets_from_measured_loads():
     _, state = tiny(window=1, dp=1)
-    (load,) = state.handle(Tick(now=0.0, stimulus_id="t0"))
-    state.handle(loaded(load.chunk, duration=0.3))  # 3 rows, 100 ms per sample
-    state.handle(BatchConsumed(0, 0, stimulus_id="c"))
-    out = state.handle(Tick(now=1.0, stimulus_id="t1"))
+    state.pool_sizer = PoolSizer(state.names, interval_s=0.0)
+    out = state.handle(Tick(now=0.0, stimulus_id="t0"))
+    for step in range(2):  # consume a step a second, loading each chunk asked for (100 ms/sample)
+        for ins in out:
+            if isinstance(ins, LoadChunk):
+                state.handle(loaded(ins.chunk, duration=0.3, sid=f"l{step}"))
+        out = state.handle(BatchConsumed(step, 0, stimulus_id=f"c{step}"))
+        out += state.handle(Tick(now=1.0 + step, stimulus_id=f"t{step + 1}", pool_threads=(2,),
+                                 wall=5.0))
     targets = [i for i in out if isinstance(i, PoolTarget)]
-    # 1 step/s x 2 samples x 0.1 s = 0.2 busy threads x 1.25 -> 1 worker
-    assert [(t.source, t.workers) for t in targets] == [("a", 1)]
+    # 1 step/s x 2 samples x 0.1 s = 0.2 busy threads x 1.25 / 2 threads -> 1 worker
+    assert [(t.source, t.workers, t.decision.threads, t.decision.time) for t in targets] == [
+        ("a", 1, 2, 5.0)]
+    assert targets[0].decision.demand == pytest.approx(0.25)
 
 
 def test_log_is_bounded_and_queryable():
