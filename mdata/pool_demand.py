@@ -82,6 +82,7 @@ class PoolSizer:
         self._down_wants: list[list[int]] = [[] for _ in self.names]
         self._progress: deque[tuple[float, int, float]] = deque()  # (now, consumed, waited_s)
         self._base: int | None = None  # consumed steps at the first observation
+        self._idle: tuple[float, int, float] | None = None  # the last tick before consumption
         self._last_decision: float | None = None
 
     @classmethod
@@ -117,20 +118,28 @@ class PoolSizer:
         if self._base is None:
             self._base = int(consumed_steps)
         if consumed_steps <= self._base and not self._progress:
-            return  # nothing consumed yet: start-up (cold loads) is not the trainers' pace
+            # nothing consumed yet: start-up (cold loads) is not the trainers' pace; the last
+            # such tick is kept for a job whose first ticks saw every step it ran (see pace)
+            self._idle = (float(now), int(consumed_steps), float(waited_s))
+            return
         if self._progress and now <= self._progress[-1][0]:
             return
         self._progress.append((float(now), int(consumed_steps), float(waited_s)))
         horizon = now - self.rate_window_s
         while len(self._progress) > 2 and self._progress[1][0] <= horizon:
             self._progress.popleft()
+            self._idle = None  # the window has slid past the start
 
     def pace(self) -> tuple[float, float, float] | None:
         """``(consumed steps/s, fraction of the time trainers waited, span in s)`` over the
         window, or None before trainers consumed for at least a second."""
-        if len(self._progress) < 2:
+        if not self._progress:
             return None
         (t0, c0, w0), (t1, c1, w1) = self._progress[0], self._progress[-1]
+        if c1 == c0 and self._idle is not None:
+            # every step so far was consumed by the first tick that saw progress (a short job,
+            # fast trainers): count them from the last tick before, not as no progress at all
+            t0, c0, w0 = self._idle
         span = t1 - t0
         if span < min(1.0, self.rate_window_s):
             return None

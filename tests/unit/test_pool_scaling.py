@@ -62,6 +62,20 @@ def feed(sizer: PoolSizer, *, seconds: float, steps_per_s: float, tick: float = 
     return now, steps
 
 
+def test_steps_consumed_between_two_ticks_count():
+    """A short job whose trainers consumed all of their steps between two ticks still has a
+    rate (counted from the last tick before they started), so its pools get targets."""
+    sizer = PoolSizer(("a",), rate_window_s=10.0, interval_s=0.0)
+    sizer.observe_load(0, 10, 0.1)
+    for k in range(20):
+        sizer.observe_progress(k * 0.05, 0)
+    for k in range(20, 60):
+        sizer.observe_progress(k * 0.05, 3)
+    rate = sizer.step_rate
+    assert rate is not None and rate == pytest.approx(3 / (59 * 0.05 - 19 * 0.05))
+    assert [d.kind for d in sizer.decide(3.0, np.array([1.0]), 4)] == ["start"]
+
+
 def test_the_step_rate_counts_idle_ticks():
     """The bug behind '57.3 steps/s while trainers ran at 3.8': a 50 ms tick that saw one step
     read as 20 steps/s. The window's rate is consumed steps over elapsed time."""
@@ -95,7 +109,8 @@ def test_demand_uses_the_measured_cost_threads_and_the_stall():
     # trainers now wait half the time at 2 steps/s: they would run 4 steps/s with enough data
     starved = PoolSizer(("img",), headroom=1.0, interval_s=0.0)
     starved.observe_load(0, 10, 0.6)
-    now, _ = feed(starved, seconds=10.0, steps_per_s=2.0, waited_per_s=0.5)
+    # 20 s: the 10 s window has slid past start-up, so the rate is whole steps over whole seconds
+    now, _ = feed(starved, seconds=20.0, steps_per_s=2.0, waited_per_s=0.5)
     (d,) = starved.decide(now, np.array([1.0]), 16)
     assert d.demand == pytest.approx(16 * 4.0 * 0.06, rel=0.05) and d.workers == 4
     assert "trainers stalled 50% of it" in d.reason
