@@ -25,7 +25,7 @@ from benchmarks.harness import flatten, render_table  # noqa: E402
 
 # Order matters only for reading the table: cheap, pure figures first.
 BENCHMARKS = ["plan", "transforms", "balance", "planner", "lineage", "mixture", "resume",
-              "comms", "throughput", "memory", "reliability", "e2e"]
+              "comms", "throughput", "memory", "reliability", "e2e", "pools"]
 
 
 def main(argv: list[str] | None = None) -> int:
