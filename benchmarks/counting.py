@@ -11,7 +11,8 @@ A fleet (:mod:`benchmarks.fleet`) has three kinds of processes:
 * one **bare trainer**: a process with the same trainer imports and no loader at all, started
   beside them.
 
-What a system adds is then ``loader processes + sum over ranks of (rank - bare)``: the bare
+What a system adds is then ``loader processes + sum over ranks of (rank - bare)``, by PSS (and,
+for projections, the same sum by USS, the pages no other process maps): the bare
 trainer's PSS is subtracted from every rank, sampled at the same moment (shared library pages are
 split among all processes that map them, so bare and rank carry the same share of them). CPU is
 counted alike: loader processes plus rank processes, less the bare trainer's CPU per rank.
@@ -26,23 +27,51 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-__all__ = ["PeakPss", "added_cpu_seconds", "cpu_seconds", "pss_mb"]
+__all__ = ["PeakPss", "added_cpu_seconds", "cpu_seconds", "library_pss_mb", "pss_mb"]
 
 MB = 1 << 20
 
 
-def _pss(pid: int) -> int:
+def _pss_uss(pid: int) -> tuple[int, int]:
     import psutil
 
     try:
-        return psutil.Process(pid).memory_full_info().pss
+        info = psutil.Process(pid).memory_full_info()
     except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
-        return 0  # gone between listing and reading: it holds nothing any more
+        return 0, 0  # gone between listing and reading: it holds nothing any more
+    return info.pss, info.uss
+
+
+def _pss(pid: int) -> int:
+    return _pss_uss(pid)[0]
 
 
 def pss_mb(pids: Sequence[int]) -> float:
     """Sum of proportional set sizes (Linux ``memory_full_info().pss``) of ``pids``, in MiB."""
     return sum(_pss(p) for p in pids) / MB
+
+
+def _library_pss(pid: int) -> int:
+    """PSS in bytes of ``pid``'s mappings of shared libraries and executables (``.so`` files,
+    the interpreter): pages every process of a fleet shares, whatever its role."""
+    total = 0
+    library = False
+    try:
+        with open(f"/proc/{pid}/smaps") as f:
+            for line in f:
+                if line[0] in "0123456789abcdef" and "-" in line.split(" ", 1)[0]:
+                    path = line.split()[-1] if len(line.split()) >= 6 else ""
+                    library = ".so" in path or path.endswith("python") or "/bin/python" in path
+                elif library and line.startswith("Pss:"):
+                    total += int(line.split()[1]) * 1024
+    except OSError:
+        return 0
+    return total
+
+
+def library_pss_mb(pids: Sequence[int]) -> float:
+    """Sum of the PSS of shared-library mappings of ``pids``, in MiB (see :func:`_library_pss`)."""
+    return sum(_library_pss(p) for p in pids) / MB
 
 
 def cpu_seconds(pids: Sequence[int]) -> float:
@@ -88,13 +117,23 @@ class PeakPss:
         self._thread: threading.Thread | None = None
 
     def sample(self) -> dict[str, float]:
-        """One sample: MiB of the loader processes, of the ranks over bare, and the bare trainer."""
+        """One sample, in MiB: ``total_mb`` (loader processes + ranks over bare, by PSS), the same
+        by USS (``unique_mb``: pages no other process maps) and the rest (``shared_mb``)."""
         loaders = list(self.loader_pids())
-        bare = _pss(self.bare_pid) / MB
-        ranks = sum(_pss(p) / MB - bare for p in self.rank_pids)
-        loader = pss_mb(loaders)
-        out = {"total_mb": loader + ranks, "loader_processes_mb": loader, "ranks_over_bare_mb": ranks,
-               "bare_trainer_mb": bare, "loader_processes": len(loaders), "ranks": len(self.rank_pids)}
+        bare_pss, bare_uss = (x / MB for x in _pss_uss(self.bare_pid))
+        pss = uss = ranks = 0.0
+        for pid in loaders:
+            p, u = _pss_uss(pid)
+            pss, uss = pss + p / MB, uss + u / MB
+        loader = pss
+        for pid in self.rank_pids:
+            p, u = _pss_uss(pid)
+            pss, uss = pss + p / MB - bare_pss, uss + u / MB - bare_uss
+            ranks += p / MB - bare_pss
+        out = {"total_mb": pss, "unique_mb": uss, "shared_mb": pss - uss,
+               "loader_processes_mb": loader, "ranks_over_bare_mb": ranks,
+               "bare_trainer_mb": bare_pss, "loader_processes": len(loaders),
+               "ranks": len(self.rank_pids)}
         self.samples += 1
         self.last = out
         if out["total_mb"] > self.peak_mb:
@@ -117,3 +156,7 @@ class PeakPss:
         if self._thread is not None:
             self._thread.join()
         self.sample()  # the state after the last delivered step counts too
+        bare = library_pss_mb([self.bare_pid])
+        #: library pages in the counted sum (loader processes + ranks over bare), read at the end
+        self.library_mb = (library_pss_mb(list(self.loader_pids()))
+                           + sum(library_pss_mb([p]) - bare for p in self.rank_pids))

@@ -208,7 +208,11 @@ class _Fleet:
 # -- baseline --------------------------------------------------------------------------------------
 
 def _rank_main(dataset: MixingPackingDataset, workers: int, barrier, conn) -> None:
+    import warnings
+
     trainer_imports()
+    # DataLoader warns when workers outnumber this machine's cores: here they do on purpose.
+    warnings.filterwarnings("ignore", message="This DataLoader will create")
     loader = make_loader(dataset, workers)
     batches = iter(loader)
     conn.send(("ready", os.getpid()))
@@ -221,15 +225,19 @@ class BaselineFleet(_Fleet):
 
     ``group`` consecutive ranks form one DP group (their CP/TP peers) and load the same samples.
     ``reader``: ``"chunks"`` or ``"stream"`` (see :class:`benchmarks.baseline.MixingPackingDataset`).
+    ``workers`` may be a list, one count per rank.
     """
 
     def __init__(self, sources: Sequence, weights: Mapping[str, float], *, ranks: int, group: int,
-                 workers: int, max_tokens: int, micro_batches: int, seed: int = 0,
+                 workers: int | Sequence[int], max_tokens: int, micro_batches: int, seed: int = 0,
                  reader: str = "chunks") -> None:
         super().__init__()
         if ranks % group:
             raise ValueError(f"{ranks} ranks do not split into DP groups of {group}")
-        self.ranks, self.group, self.workers = ranks, group, workers
+        self.ranks, self.group = ranks, group
+        self.workers = [workers] * ranks if isinstance(workers, int) else list(workers)
+        if len(self.workers) != ranks:
+            raise ValueError(f"{len(self.workers)} worker counts for {ranks} ranks")
         self.dp_of = [r // group for r in range(ranks)]
         self.datasets = [MixingPackingDataset(sources, weights, max_tokens=max_tokens,
                                               micro_batches=micro_batches, dp_rank=self.dp_of[r],
@@ -238,23 +246,27 @@ class BaselineFleet(_Fleet):
 
     def __enter__(self) -> "BaselineFleet":
         try:
-            self._start_ranks(_rank_main, [(ds, self.workers) for ds in self.datasets])
+            self._start_ranks(_rank_main, list(zip(self.datasets, self.workers)))
         except BaseException:
             self.__exit__()
             raise
         return self
 
-    def worker_pids(self) -> list[int]:
-        """The DataLoader worker processes of every rank."""
+    def families(self) -> dict[int, list[int]]:
+        """Rank pid -> the DataLoader worker processes of that rank."""
         import psutil
 
-        out = []
+        out: dict[int, list[int]] = {}
         for p in self.rank_pids:
             try:
-                out.extend(c.pid for c in psutil.Process(p).children(recursive=True))
+                out[p] = [c.pid for c in psutil.Process(p).children(recursive=True)]
             except psutil.NoSuchProcess:
-                continue
+                out[p] = []
         return out
+
+    def worker_pids(self) -> list[int]:
+        """The DataLoader worker processes of every rank."""
+        return [pid for children in self.families().values() for pid in children]
 
     loader_pids = worker_pids
 
@@ -323,8 +335,15 @@ class MdataFleet(_Fleet):
         return self
 
     def loader_pids(self) -> list[int]:
-        """The cluster host (scheduler, Planner, nannies) and every Dask worker."""
-        return [self.host_pid, *self.worker_pids]
+        """The cluster host (scheduler, Planner, nannies) and every process it started: the Dask
+        workers, and multiprocessing's resource tracker."""
+        import psutil
+
+        try:
+            children = [c.pid for c in psutil.Process(self.host_pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            children = list(self.worker_pids)
+        return [self.host_pid, *children]
 
     def __exit__(self, *exc) -> None:
         # ranks first (they detach from the cluster), then the bare trainer and the cluster host

@@ -23,12 +23,13 @@ groups of 32-128 MiB of decoded data, one file per kind; ``S`` sources are views
 it). Chunk rows per kind give a few MiB per chunk on both sides.
 
 **Measured and projected.** mdata runs at the full shape. The baseline at 16 ranks x 4 workers
-would hold far more than this shared machine may use (``LIMIT_MB``), so it is measured with one
-rank and one, then two DataLoader workers, and projected linearly: every further worker costs
-what the second cost, every further rank what the first rank cost without its worker (marginal
-costs leave out pages shared by all processes, so the projection errs low: towards the
-baseline). The projection is checked against a direct measurement at a shape that fits
-(``memory.baseline_projection_check``). Figures say which values are projections.
+would hold far more than this shared machine may use (``LIMIT_MB``), so it runs with
+``measured_ranks`` = 2 rank families of the full shape (a rank and its ``W`` workers) and is
+projected to ``R`` ranks: everything scales with the number of families except the pages of
+shared libraries (``.so`` files and the interpreter, read from ``/proc/PID/smaps``), which every
+further family would share and which are counted once. The upper bound, everything scaled, is in
+the notes and in ``memory.loader_pss_ratio_upper``. ``memory.baseline_projection_check`` projects one family to
+the measured two and compares. Figures say which values are projections.
 
 **Limits the baseline meets**: open file descriptors and memory maps per worker are read from
 ``/proc`` at the end of each baseline run and set against the usual soft limit (``ulimit -n``
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import resource
 import sys
+import time
 
 from benchmarks.baseline import IMAGE_TOKEN_ID
 from benchmarks.counting import PeakPss
@@ -49,7 +51,7 @@ from mdata.cost import AttentionCost
 from mdata.mesh import ClientPlaceTree
 from mdata.plan import Plan
 
-__all__ = ["LIMIT_MB", "measure_baseline", "measure_mdata", "run"]
+__all__ = ["LIMIT_MB", "measure_baseline", "measure_mdata", "project_baseline", "run"]
 
 LIMIT_MB = 10 * 1024  # no single measured fleet may project above this (the machine is shared)
 MAX_TOKENS = 4096
@@ -71,6 +73,14 @@ def _plan(sources, ranks: int, cp: int):
             .special_tokens(image_token_id=IMAGE_TOKEN_ID))
 
 
+_BEGAN = time.monotonic()
+
+
+def _progress(what: str, out: dict) -> None:
+    print(f"memory: {what}: peak {out['pss_mb']:.0f} MB ({out['samples']} samples) at "
+          f"{time.monotonic() - _BEGAN:.0f} s", file=sys.stderr, flush=True)
+
+
 def _limits_of(pids) -> dict[str, float]:
     """Most open file descriptors and memory maps of any of ``pids`` (read from /proc)."""
     import psutil
@@ -86,17 +96,17 @@ def _limits_of(pids) -> dict[str, float]:
     return {"fds": fds, "maps": maps}
 
 
-def measure_baseline(num_sources: int, row_group_mb: int, ranks: int, workers: int,
-                     cp: int = 1) -> dict[str, float]:
+def measure_baseline(num_sources: int, row_group_mb: int, ranks: int, workers: int) -> dict[str, float]:
     """Peak PSS the baseline adds with ``ranks`` x ``workers``, and its workers' fds and maps."""
     sources = production_sources(num_sources, row_group_mb)
-    with BaselineFleet(sources, _weights(sources), ranks=ranks, group=min(cp, ranks),
-                       workers=workers, max_tokens=MAX_TOKENS, micro_batches=MICRO_BATCHES,
-                       reader="stream") as fleet:
+    with BaselineFleet(sources, _weights(sources), ranks=ranks, group=1, workers=workers,
+                       max_tokens=MAX_TOKENS, micro_batches=MICRO_BATCHES, reader="stream") as fleet:
         with PeakPss(fleet.loader_pids, fleet.rank_pids, fleet.bare_pid) as pss:
             fleet.run(STEPS)
-        return {"pss_mb": pss.peak_mb, **pss.at_peak, **_limits_of(fleet.worker_pids()),
-                "samples": pss.samples}
+        out = {"pss_mb": pss.peak_mb, **pss.at_peak, **_limits_of(fleet.worker_pids()),
+               "samples": pss.samples, "measured_ranks": ranks, "library_mb": pss.library_mb}
+    _progress(f"baseline {ranks}x{workers}, {num_sources} sources, rg {row_group_mb}", out)
+    return out
 
 
 def measure_mdata(num_sources: int, row_group_mb: int, ranks: int, cp: int) -> dict[str, float]:
@@ -105,39 +115,30 @@ def measure_mdata(num_sources: int, row_group_mb: int, ranks: int, cp: int) -> d
     with MdataFleet(sources, _plan(sources, ranks, cp), loader_workers=LOADER_WORKERS) as fleet:
         with PeakPss(fleet.loader_pids, fleet.rank_pids, fleet.bare_pid) as pss:
             fleet.run(STEPS)
-        return {"pss_mb": pss.peak_mb, **pss.at_peak, "samples": pss.samples}
+        out = {"pss_mb": pss.peak_mb, **pss.at_peak, "samples": pss.samples}
+    _progress(f"mdata {ranks} ranks, {num_sources} sources, rg {row_group_mb}", out)
+    return out
 
 
-def project_baseline(one: dict, two: dict, ranks: int, workers: int) -> dict[str, float]:
-    """Baseline at ``ranks`` x ``workers`` from runs with one rank and 1 (``one``), 2 (``two``)
-    workers: each further worker costs what the second did, each further rank the first's cost
-    without its worker."""
-    per_worker = max(0.0, two["pss_mb"] - one["pss_mb"])
-    per_rank = max(0.0, one["pss_mb"] - per_worker)  # the rank's iterator and batches
-    total = two["pss_mb"] + (ranks * workers - 2) * per_worker + (ranks - 1) * per_rank
-    return {"pss_mb": total, "per_worker_mb": per_worker, "per_rank_mb": per_rank}
+def project_baseline(measured: dict, ranks: int) -> dict[str, float]:
+    """The baseline at ``ranks`` from a fleet of ``measured["measured_ranks"]`` rank families of the
+    same shape: everything scales with the families except shared-library pages (``.so`` files,
+    the interpreter), which every further family would share and which are counted once. The
+    upper bound scales everything."""
+    scale = ranks / measured["measured_ranks"]
+    library = measured["library_mb"]
+    return {"pss_mb": scale * (measured["pss_mb"] - library) + library,
+            "upper_mb": scale * measured["pss_mb"],
+            "per_family_mb": measured["pss_mb"] / measured["measured_ranks"]}
 
 
-def _fits(estimate_mb: float) -> bool:
-    return estimate_mb <= LIMIT_MB
-
-
-def _baseline_pair(num_sources: int, row_group_mb: int, guess_worker_mb: float) -> dict | None:
-    """The two small baseline runs a projection needs, or None when even they would not fit."""
-    if not _fits(2 * guess_worker_mb + 2 * 250):
-        return None
-    one = measure_baseline(num_sources, row_group_mb, 1, 1)
-    two = measure_baseline(num_sources, row_group_mb, 1, 2)
-    return {"one": one, "two": two}
-
-
-def _point(cfg: dict, num_sources: int, row_group_mb: int, guess_worker_mb: float) -> dict:
+def _point(cfg: dict, num_sources: int, row_group_mb: int, guess_family_mb: float) -> dict:
     """Both systems at one (sources, row-group size): mdata measured, the baseline projected."""
     out: dict = {}
-    pair = _baseline_pair(num_sources, row_group_mb, guess_worker_mb)
-    if pair is not None:
-        out["pair"] = pair
-        out["baseline"] = project_baseline(pair["one"], pair["two"], cfg["ranks"], cfg["workers"])
+    measured_ranks = cfg["measured_ranks"]
+    if guess_family_mb * measured_ranks + 500 <= LIMIT_MB:
+        out["measured"] = measure_baseline(num_sources, row_group_mb, measured_ranks, cfg["workers"])
+        out["baseline"] = project_baseline(out["measured"], cfg["ranks"])
     try:
         out["mdata"] = measure_mdata(num_sources, row_group_mb, cfg["ranks"], cfg["cp"])
     except Exception as exc:  # the runtime may fail here: say so, never invent a number
@@ -149,9 +150,9 @@ def _point(cfg: dict, num_sources: int, row_group_mb: int, guess_worker_mb: floa
 def _config(quick: bool) -> dict:
     if quick:
         return dict(ranks=4, cp=2, workers=2, row_group_mb=32, sources=(8, 16), row_groups=(32,),
-                    headline_sources=16, check=dict(ranks=2, workers=2))
+                    headline_sources=16, measured_ranks=2)
     return dict(ranks=16, cp=4, workers=4, row_group_mb=64, sources=(8, 64, 256, 1024),
-                row_groups=(32, 64, 128), headline_sources=64, check=dict(ranks=2, workers=4))
+                row_groups=(32, 64, 128), headline_sources=64, measured_ranks=2)
 
 
 def _shape(cfg: dict) -> str:
@@ -162,11 +163,12 @@ def _shape(cfg: dict) -> str:
 def _note(point: dict) -> str:
     parts = []
     if "baseline" in point:
-        b = point["baseline"]
-        parts.append(f"baseline PROJECTED from 1 rank x 1 and x 2 workers ({b['per_worker_mb']:.0f} MB "
-                     f"per worker, {b['per_rank_mb']:.0f} MB per rank)")
+        b, m = point["baseline"], point["measured"]
+        parts.append(f"baseline PROJECTED from {m['measured_ranks']} measured rank families "
+                     f"({b['per_family_mb']:.0f} MB each; shared libraries' {m['library_mb']:.0f} MB "
+                     f"counted once; all scaled: {b['upper_mb']:.0f} MB)")
     else:
-        parts.append("baseline not run: even one rank with one worker would exceed this machine's budget")
+        parts.append("baseline not run: its measured fleet would exceed this machine's budget")
     if "mdata" in point:
         m = point["mdata"]
         parts.append(f"mdata measured: {m['loader_processes']:.0f} processes {m['loader_processes_mb']:.0f} MB"
@@ -186,32 +188,27 @@ def run(quick: bool) -> dict[str, object]:
     cfg = _config(quick)
     figures: dict[str, object] = {}
     points: dict[tuple[int, int], dict] = {}
-    guess = 300.0  # MB per baseline worker, refined from each measured point
+    family = 250.0 + cfg["workers"] * 300.0  # MB per baseline rank family, refined as measured
 
     def point(n: int, rg: int) -> dict:
-        nonlocal guess
+        nonlocal family
         if (n, rg) not in points:
-            # a worker's per-source buffers grow with n: scale the last per-worker figure
-            points[(n, rg)] = p = _point(cfg, n, rg, guess)
+            points[(n, rg)] = p = _point(cfg, n, rg, family)
             if "baseline" in p:
-                guess = max(guess, p["baseline"]["per_worker_mb"])
+                family = max(family, p["baseline"]["per_family_mb"])
         return points[(n, rg)]
 
     for n in cfg["sources"]:
-        known = [(k, p["baseline"]["per_worker_mb"]) for (k, rg), p in points.items() if "baseline" in p]
-        if known:
-            k, w = max(known)
-            guess = w * max(1.0, n / k) ** 0.8
         p = point(n, cfg["row_group_mb"])
         figures[f"memory.loader_pss_mb_{n}_sources"] = _fig(
             p, f"{n} sources, row groups {cfg['row_group_mb']} MiB; {_shape(cfg)}")
-        if "pair" in p:
-            lim = p["pair"]["two"]
+        if "measured" in p:
+            lim = p["measured"]
             figures[f"memory.baseline_fds_per_worker_{n}_sources"] = figure(
                 lim["fds"], unit="fds",
                 note=(f"most open file descriptors of one baseline worker (measured); soft limit "
                       f"here {resource.getrlimit(resource.RLIMIT_NOFILE)[0]}, common default 1024; "
-                      f"maps per worker {lim['maps']} of vm.max_map_count"))
+                      f"memory maps per worker {lim['maps']} (vm.max_map_count 65530)"))
     for rg in cfg["row_groups"]:
         p = point(cfg["headline_sources"], rg)
         figures[f"memory.loader_pss_mb_rg{rg}"] = _fig(
@@ -225,22 +222,25 @@ def run(quick: bool) -> dict[str, object]:
     figures["memory.loader_pss_ratio"] = figure(
         base / ours if ours and base else None, goal=">= 13.5",
         note=f"baseline (projected) / mdata (measured) peak PSS added; {desc}")
+    if ours and base:
+        figures["memory.loader_pss_ratio_upper"] = figure(
+            head["baseline"]["upper_mb"] / ours,
+            note="the same with the baseline's measured families scaled whole (upper bound)")
     if ours:
         figures["memory.mdata_per_rank_mb"] = figure(
             head["mdata"]["ranks_over_bare_mb"] / cfg["ranks"], unit="MB",
             note="what one rank's client + Loader add over a bare trainer, at mdata's peak")
 
-    # The projection against a direct measurement of the baseline at a shape that fits.
-    chk = cfg["check"]
-    if "pair" in head:
-        direct = measure_baseline(cfg["headline_sources"], cfg["row_group_mb"], chk["ranks"],
-                                  chk["workers"], cp=chk["ranks"])
-        projected = project_baseline(head["pair"]["one"], head["pair"]["two"], chk["ranks"],
-                                     chk["workers"])["pss_mb"]
+    # The projection checked: from one rank family to the measured fleet of measured_ranks.
+    if "measured" in head:
+        one = measure_baseline(cfg["headline_sources"], cfg["row_group_mb"], 1, cfg["workers"])
+        projected = project_baseline(one, cfg["measured_ranks"])
+        measured = head["measured"]["pss_mb"]
         figures["memory.baseline_projection_check"] = figure(
-            projected / direct["pss_mb"], goal="~1 (< 1: the projection favours the baseline)",
-            note=(f"projected {projected:.0f} MB / measured {direct['pss_mb']:.0f} MB at "
-                  f"{chk['ranks']} ranks x {chk['workers']} workers, {cfg['headline_sources']} sources"))
+            projected["pss_mb"] / measured, goal="~1 (< 1: the projection favours the baseline)",
+            note=(f"projected from 1 rank family {projected['pss_mb']:.0f} MB (all scaled "
+                  f"{projected['upper_mb']:.0f} MB) / measured {measured:.0f} MB at "
+                  f"{cfg['measured_ranks']} ranks x {cfg['workers']} workers, {cfg['headline_sources']} sources"))
     if base:
         per_node = base / cfg["ranks"] * NODE_GPUS
         figures["memory.baseline_node_mb"] = figure(
