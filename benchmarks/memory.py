@@ -149,7 +149,7 @@ def _point(cfg: dict, num_sources: int, row_group_mb: int, guess_family_mb: floa
 
 def _config(quick: bool) -> dict:
     if quick:
-        return dict(ranks=4, cp=2, workers=2, row_group_mb=32, sources=(8, 16), row_groups=(32,),
+        return dict(ranks=4, cp=2, workers=2, row_group_mb=32, sources=(16,), row_groups=(32,),
                     headline_sources=16, measured_ranks=2)
     return dict(ranks=16, cp=4, workers=4, row_group_mb=64, sources=(8, 64, 256, 1024),
                 row_groups=(32, 64, 128), headline_sources=64, measured_ranks=2)
