@@ -5,7 +5,8 @@ process (spawned, as torchrun starts ranks) with a trainer's imports; one *bare 
 same imports and no loader runs beside it. A system's memory is the sum of the PSS of its loader
 processes plus, for every rank, the rank's PSS less the bare trainer's, sampled every 150 ms
 through the run; the figure is the **peak** of that sum over a run of the same number of delivered
-steps on both sides (``STEPS``).
+steps on both sides (``STEPS``). The headline point is the median of 3 runs of each side (full
+run); sweep points are single runs.
 
 * **Baseline** (:class:`~benchmarks.fleet.BaselineFleet`, ``reader="stream"``): each rank runs a
   ``DataLoader`` of ``W`` forked workers; every worker opens every source and streams its row
@@ -132,15 +133,27 @@ def project_baseline(measured: dict, ranks: int) -> dict[str, float]:
             "per_family_mb": measured["pss_mb"] / measured["measured_ranks"]}
 
 
-def _point(cfg: dict, num_sources: int, row_group_mb: int, guess_family_mb: float) -> dict:
-    """Both systems at one (sources, row-group size): mdata measured, the baseline projected."""
+def _median_run(measure, repeats: int) -> dict:
+    """The run with the median peak of ``repeats`` runs of ``measure()`` (its breakdown intact)."""
+    runs = sorted((measure() for _ in range(max(1, repeats))), key=lambda r: r["pss_mb"])
+    out = dict(runs[len(runs) // 2])
+    out["repeats"] = [round(r["pss_mb"]) for r in runs]
+    return out
+
+
+def _point(cfg: dict, num_sources: int, row_group_mb: int, guess_family_mb: float,
+           repeats: int = 1) -> dict:
+    """Both systems at one (sources, row-group size): mdata measured, the baseline projected;
+    each the median of ``repeats`` runs."""
     out: dict = {}
     measured_ranks = cfg["measured_ranks"]
     if guess_family_mb * measured_ranks + 500 <= LIMIT_MB:
-        out["measured"] = measure_baseline(num_sources, row_group_mb, measured_ranks, cfg["workers"])
+        out["measured"] = _median_run(lambda: measure_baseline(
+            num_sources, row_group_mb, measured_ranks, cfg["workers"]), repeats)
         out["baseline"] = project_baseline(out["measured"], cfg["ranks"])
     try:
-        out["mdata"] = measure_mdata(num_sources, row_group_mb, cfg["ranks"], cfg["cp"])
+        out["mdata"] = _median_run(lambda: measure_mdata(
+            num_sources, row_group_mb, cfg["ranks"], cfg["cp"]), repeats)
     except Exception as exc:  # the runtime may fail here: say so, never invent a number
         print(f"memory: mdata at {num_sources} sources failed: {exc}", file=sys.stderr)
         out["mdata_error"] = f"{type(exc).__name__}: {exc}"
@@ -150,9 +163,9 @@ def _point(cfg: dict, num_sources: int, row_group_mb: int, guess_family_mb: floa
 def _config(quick: bool) -> dict:
     if quick:
         return dict(ranks=4, cp=2, workers=2, row_group_mb=32, sources=(16,), row_groups=(32,),
-                    headline_sources=16, measured_ranks=2)
+                    headline_sources=16, measured_ranks=2, repeats=1)
     return dict(ranks=16, cp=4, workers=4, row_group_mb=64, sources=(8, 64, 256, 1024),
-                row_groups=(32, 64, 128), headline_sources=64, measured_ranks=2)
+                row_groups=(32, 64, 128), headline_sources=64, measured_ranks=2, repeats=3)
 
 
 def _shape(cfg: dict) -> str:
@@ -173,6 +186,9 @@ def _note(point: dict) -> str:
         m = point["mdata"]
         parts.append(f"mdata measured: {m['loader_processes']:.0f} processes {m['loader_processes_mb']:.0f} MB"
                      f" + ranks over bare {m['ranks_over_bare_mb']:.0f} MB")
+        if len(m.get("repeats", ())) > 1:
+            parts.append(f"median of {len(m['repeats'])} runs (mdata {m['repeats']} MB, baseline "
+                         f"families {point.get('measured', {}).get('repeats')} MB)")
     else:
         parts.append(f"mdata not measured: {point.get('mdata_error')}")
     return "; ".join(parts)
@@ -193,7 +209,8 @@ def run(quick: bool) -> dict[str, object]:
     def point(n: int, rg: int) -> dict:
         nonlocal family
         if (n, rg) not in points:
-            points[(n, rg)] = p = _point(cfg, n, rg, family)
+            headline = (n, rg) == (cfg["headline_sources"], cfg["row_group_mb"])
+            points[(n, rg)] = p = _point(cfg, n, rg, family, cfg["repeats"] if headline else 1)
             if "baseline" in p:
                 family = max(family, p["baseline"]["per_family_mb"])
         return points[(n, rg)]
