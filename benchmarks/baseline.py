@@ -209,7 +209,8 @@ class MixingPackingDataset:
     """
 
     def __init__(self, sources: Sequence[Source], weights: Mapping[str, float], *, max_tokens: int,
-                 micro_batches: int, dp_rank: int, dp_size: int, seed: int = 0) -> None:
+                 micro_batches: int, dp_rank: int, dp_size: int, seed: int = 0,
+                 reader: str = "chunks") -> None:
         names = [s.name for s in sources]
         missing = [n for n in names if n not in weights]
         if missing:
@@ -221,13 +222,22 @@ class MixingPackingDataset:
         self.dp_rank = int(dp_rank)
         self.dp_size = int(dp_size)
         self.seed = int(seed)
+        if reader not in ("chunks", "stream"):
+            raise ValueError(f"reader must be 'chunks' or 'stream', got {reader!r}")
+        #: "chunks": SourceStream (load_chunk per chunk); "stream": streaming row groups with
+        #: pyarrow's buffered reader (benchmarks/baseline_stream.py), for production row groups.
+        self.reader = reader
 
     def steps(self, worker: int, num_workers: int) -> Iterator[dict]:
         """The endless batches of one worker: each opens every source, mixes, packs."""
         cache = ReaderCache(max_readers=max(64, 4 * len(self.sources)))
         global_index = self.dp_rank * num_workers + worker
         num_streams = self.dp_size * num_workers
-        streams = [SourceStream(src, i, index=global_index, num_streams=num_streams,
+        if self.reader == "stream":
+            from benchmarks.baseline_stream import StreamingSourceStream as stream_class
+        else:
+            stream_class = SourceStream
+        streams = [stream_class(src, i, index=global_index, num_streams=num_streams,
                                 seed=self.seed, cache=cache) for i, src in enumerate(self.sources)]
         for stream in streams:
             stream.open()

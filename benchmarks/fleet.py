@@ -1,28 +1,31 @@
-"""Loader fleets in real processes, measured the same way: PSS, CPU time, samples, trainer waits.
+"""Loader fleets in real processes, counted the same way: what each system adds to a trainer.
 
-Both systems run here as they would beside a trainer, in separate processes whose memory and CPU
-are read with psutil:
+Both systems run here as they run beside a trainer: every trainer rank is its own process, started
+fresh (``spawn``, as torchrun starts them) with a trainer's imports (torch, numpy), so nothing is
+shared between ranks that would not be shared under torchrun. Beside each fleet runs one *bare
+trainer* process with the same imports and no loader; :mod:`benchmarks.counting` subtracts it
+from every rank to count what the loader adds.
 
-* :class:`BaselineFleet` — ``R`` rank processes (forked from this one, so they share its imported
-  torch pages: that lowers the baseline's numbers, the conservative direction), each driving its
-  own ``DataLoader`` with ``W`` worker processes (``benchmarks/baseline.py``).
-* :class:`MdataFleet` — a *cluster host* process (the Dask scheduler with the Planner, and the
+* :class:`BaselineFleet` -- ``R`` rank processes, each driving its own ``DataLoader`` with ``W``
+  worker processes (forked from the rank, the DataLoader's default on Linux;
+  ``benchmarks/baseline.py``).
+* :class:`MdataFleet` -- a *cluster host* process (the Dask scheduler with the Planner, and the
   nannies) started with :func:`mdata.driver.start_cluster`, its Dask worker processes (loader
-  pools and constructors), and a *trainer host* process holding the ``R`` trainer-side
-  :class:`mdata.trainer.Loader` objects (one thread per rank).
+  pools and constructors), and ``R`` rank processes, each with its own Dask client and
+  :class:`mdata.trainer.Loader` (``Loader(address, rank=r, world_size=R)``, as a torchrun rank).
 
 Each fleet takes the same commands: ``run(steps, compute_s_per_cost)`` makes every rank consume
 ``steps`` batches, sleeping for the batch's attention cost times ``compute_s_per_cost`` (a
 stand-in for forward/backward) and meeting the other ranks at a barrier each step (a data-parallel
 all-reduce), and returns per-rank wall, data-wait and compute seconds plus the distinct samples
-delivered per DP group.
+delivered per DP group. Both expose ``rank_pids``, ``bare_pid`` and ``loader_pids()`` for
+:class:`benchmarks.counting.PeakPss` and :func:`benchmarks.counting.added_cpu_seconds`.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -31,30 +34,13 @@ from typing import Any
 import numpy as np
 
 from benchmarks.baseline import MixingPackingDataset, make_loader
+from benchmarks.counting import cpu_seconds, pss_mb
 from mdata.cost import AttentionCost
 
-__all__ = ["BaselineFleet", "MdataFleet", "RunStats", "cpu_seconds", "pss_mb"]
+__all__ = ["BaselineFleet", "MdataFleet", "RunStats", "cpu_seconds", "pss_mb", "trainer_imports"]
 
 COST = AttentionCost()
 MB = 1 << 20
-
-
-def pss_mb(pids: Sequence[int]) -> float:
-    """Sum of proportional set sizes (Linux ``memory_full_info().pss``) of ``pids``, in MiB."""
-    import psutil
-
-    return sum(psutil.Process(p).memory_full_info().pss for p in pids) / MB
-
-
-def cpu_seconds(pids: Sequence[int]) -> float:
-    """User + system CPU seconds consumed so far by ``pids`` (children not included)."""
-    import psutil
-
-    total = 0.0
-    for p in pids:
-        t = psutil.Process(p).cpu_times()
-        total += t.user + t.system
-    return total
 
 
 @dataclass(frozen=True)
@@ -118,90 +104,178 @@ def _stats(results: list[dict], dp_of: Sequence[int], wall: float) -> RunStats:
     )
 
 
-# -- baseline --------------------------------------------------------------------------------------
+# -- processes common to both fleets ---------------------------------------------------------------
 
-def _rank_main(dataset: MixingPackingDataset, workers: int, conn, barrier) -> None:
-    loader = make_loader(dataset, workers)
-    batches = iter(loader)
-    conn.send(("ready", os.getpid()))
-    while True:
-        cmd, *args = conn.recv()
-        if cmd == "run":
-            conn.send(("done", _consume(batches, args[0], args[1], barrier)))
-        elif cmd == "stop":
-            del batches, loader  # shuts the workers down
-            conn.send(("stopped", None))
-            return
+def trainer_imports() -> None:
+    """What every trainer process imports and touches, loader or not (the bare trainer's work)."""
+    import numpy  # noqa: F401
+    import torch
 
+    torch.ones(1).sum()
 
-class BaselineFleet:
-    """``ranks`` trainer ranks, each with its own DataLoader of ``workers`` processes.
-
-    ``group`` consecutive ranks form one DP group (their CP/TP peers) and load the same samples.
-    """
-
-    def __init__(self, sources: Sequence, weights: Mapping[str, float], *, ranks: int, group: int,
-                 workers: int, max_tokens: int, micro_batches: int, seed: int = 0) -> None:
-        if ranks % group:
-            raise ValueError(f"{ranks} ranks do not split into DP groups of {group}")
-        self.ranks, self.group, self.workers = ranks, group, workers
-        self.dp_of = [r // group for r in range(ranks)]
-        self.datasets = [MixingPackingDataset(sources, weights, max_tokens=max_tokens,
-                                              micro_batches=micro_batches, dp_rank=self.dp_of[r],
-                                              dp_size=ranks // group, seed=seed)
-                         for r in range(ranks)]
-        self._procs: list = []
-        self._conns: list = []
-        self.rank_pids: list[int] = []
-
-    def __enter__(self) -> "BaselineFleet":
-        ctx = mp.get_context("fork")
-        barrier = ctx.Barrier(self.ranks)
-        for ds in self.datasets:
-            here, there = ctx.Pipe()
-            proc = ctx.Process(target=_rank_main, args=(ds, self.workers, there, barrier), daemon=False)
-            proc.start()
-            self._procs.append(proc)
-            self._conns.append(here)
-        self.rank_pids = [c.recv()[1] for c in self._conns]
-        return self
-
-    def worker_pids(self) -> list[int]:
-        import psutil
-
-        return [c.pid for p in self.rank_pids for c in psutil.Process(p).children(recursive=True)]
-
-    def run(self, steps: int, compute_s_per_cost: float = 0.0) -> RunStats:
-        began = time.perf_counter()
-        for c in self._conns:
-            c.send(("run", steps, compute_s_per_cost))
-        results = [c.recv()[1] for c in self._conns]
-        return _stats(results, self.dp_of, time.perf_counter() - began)
-
-    def __exit__(self, *exc) -> None:
-        for c in self._conns:
-            try:
-                c.send(("stop",))
-            except OSError:
-                pass
-        for p in self._procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-                p.join()
-
-
-# -- mdata -----------------------------------------------------------------------------------------
 
 def _quiet_dask() -> None:
     """Keep Dask's INFO chatter out of the benchmark table (inherited by spawned workers)."""
     os.environ["DASK_LOGGING__DISTRIBUTED"] = "error"
 
 
+def _bare_main(conn) -> None:
+    trainer_imports()
+    conn.send(("ready", os.getpid()))
+    conn.recv()  # stop
+    conn.send(("stopped", None))
+
+
+def _serve(batches, barrier, conn) -> None:
+    """A rank's command loop: ``run`` consumes steps, ``stop`` returns (the caller cleans up)."""
+    while True:
+        cmd, *args = conn.recv()
+        if cmd == "stop":
+            return
+        try:
+            conn.send(("done", _consume(batches, args[0], args[1], barrier)))
+        except BaseException as exc:  # surface, never hang the driver or the other ranks
+            barrier.abort()
+            conn.send(("error", f"pid {os.getpid()}: {type(exc).__name__}: {exc}"))
+
+
+class _Fleet:
+    """Spawned rank processes (and the bare trainer), driven over pipes."""
+
+    def __init__(self) -> None:
+        self._procs: list = []
+        self._rank_conns: list = []
+        self._other_conns: list = []
+        self.rank_pids: list[int] = []
+        self.bare_pid = 0
+        self.dp_of: list[int] = []
+
+    def _spawn(self, target, *args, rank: bool):
+        ctx = mp.get_context("spawn")  # fresh interpreters, as torchrun starts ranks
+        here, there = ctx.Pipe()
+        proc = ctx.Process(target=target, args=(*args, there))
+        proc.start()
+        self._procs.append(proc)
+        (self._rank_conns if rank else self._other_conns).append(here)
+        return here
+
+    @staticmethod
+    def _ready(conn, what: str, timeout: float = 300.0):
+        if not conn.poll(timeout):
+            raise TimeoutError(f"{what} did not start within {timeout:.0f} s")
+        kind, value = conn.recv()
+        if kind == "error":
+            raise RuntimeError(f"{what}: {value}")
+        return value
+
+    def _start_ranks(self, target, per_rank_args: list[tuple]) -> None:
+        barrier = mp.get_context("spawn").Barrier(len(per_rank_args))
+        bare = self._spawn(_bare_main, rank=False)
+        conns = [self._spawn(target, *args, barrier, rank=True) for args in per_rank_args]
+        self.bare_pid = self._ready(bare, "the bare trainer")
+        self.rank_pids = [self._ready(c, f"rank {r}") for r, c in enumerate(conns)]
+
+    def loader_pids(self) -> list[int]:
+        raise NotImplementedError
+
+    def run(self, steps: int, compute_s_per_cost: float = 0.0) -> RunStats:
+        began = time.perf_counter()
+        for c in self._rank_conns:
+            c.send(("run", steps, compute_s_per_cost))
+        replies = [c.recv() for c in self._rank_conns]
+        errors = [v for kind, v in replies if kind == "error"]
+        if errors:
+            raise RuntimeError(f"{type(self).__name__} ranks: " + "; ".join(errors))
+        return _stats([v for _, v in replies], self.dp_of, time.perf_counter() - began)
+
+    def _stop_all(self, conns, timeout: float) -> None:
+        for c in conns:
+            try:
+                c.send(("stop",))
+            except OSError:
+                pass
+
+    def __exit__(self, *exc) -> None:
+        self._stop_all(self._rank_conns, 60)
+        self._stop_all(self._other_conns, 60)
+        for p in reversed(self._procs):
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+                p.join()
+
+
+# -- baseline --------------------------------------------------------------------------------------
+
+def _rank_main(dataset: MixingPackingDataset, workers: int, barrier, conn) -> None:
+    import warnings
+
+    trainer_imports()
+    # DataLoader warns when workers outnumber this machine's cores: here they do on purpose.
+    warnings.filterwarnings("ignore", message="This DataLoader will create")
+    loader = make_loader(dataset, workers)
+    batches = iter(loader)
+    conn.send(("ready", os.getpid()))
+    _serve(batches, barrier, conn)
+    del batches, loader  # shuts the workers down
+
+
+class BaselineFleet(_Fleet):
+    """``ranks`` trainer ranks, each its own process with a DataLoader of ``workers`` processes.
+
+    ``group`` consecutive ranks form one DP group (their CP/TP peers) and load the same samples.
+    ``reader``: ``"chunks"`` or ``"stream"`` (see :class:`benchmarks.baseline.MixingPackingDataset`).
+    ``workers`` may be a list, one count per rank.
+    """
+
+    def __init__(self, sources: Sequence, weights: Mapping[str, float], *, ranks: int, group: int,
+                 workers: int | Sequence[int], max_tokens: int, micro_batches: int, seed: int = 0,
+                 reader: str = "chunks") -> None:
+        super().__init__()
+        if ranks % group:
+            raise ValueError(f"{ranks} ranks do not split into DP groups of {group}")
+        self.ranks, self.group = ranks, group
+        self.workers = [workers] * ranks if isinstance(workers, int) else list(workers)
+        if len(self.workers) != ranks:
+            raise ValueError(f"{len(self.workers)} worker counts for {ranks} ranks")
+        self.dp_of = [r // group for r in range(ranks)]
+        self.datasets = [MixingPackingDataset(sources, weights, max_tokens=max_tokens,
+                                              micro_batches=micro_batches, dp_rank=self.dp_of[r],
+                                              dp_size=ranks // group, seed=seed, reader=reader)
+                         for r in range(ranks)]
+
+    def __enter__(self) -> "BaselineFleet":
+        try:
+            self._start_ranks(_rank_main, list(zip(self.datasets, self.workers)))
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def families(self) -> dict[int, list[int]]:
+        """Rank pid -> the DataLoader worker processes of that rank."""
+        import psutil
+
+        out: dict[int, list[int]] = {}
+        for p in self.rank_pids:
+            try:
+                out[p] = [c.pid for c in psutil.Process(p).children(recursive=True)]
+            except psutil.NoSuchProcess:
+                out[p] = []
+        return out
+
+    def worker_pids(self) -> list[int]:
+        """The DataLoader worker processes of every rank."""
+        return [pid for children in self.families().values() for pid in children]
+
+    loader_pids = worker_pids
+
+
+# -- mdata -----------------------------------------------------------------------------------------
+
 def _cluster_host_main(sources, plan, job: str, loader_workers: int, conn) -> None:
     _quiet_dask()
-    from mdata.driver import submit_job
-    from mdata.driver import PoolSpec, start_cluster
+    from mdata.driver import PoolSpec, start_cluster, submit_job
 
     names = [s.name for s in sources]
     groups = [tuple(names[i::loader_workers]) for i in range(min(loader_workers, len(names)))]
@@ -218,98 +292,64 @@ def _cluster_host_main(sources, plan, job: str, loader_workers: int, conn) -> No
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
 
 
-def _trainer_host_main(address: str, job: str, ranks: int, conn) -> None:
+def _mdata_rank_main(address: str, job: str, rank: int, world_size: int, barrier, conn) -> None:
     _quiet_dask()
-    from distributed import Client
-
+    trainer_imports()
     from mdata.trainer import Loader
 
-    with Client(address, direct_to_workers=True, set_as_default=False) as client:
-        loaders = [Loader(client, job=job, rank=r, world_size=ranks, timeout=120.0) for r in range(ranks)]
-        iters = [iter(ld) for ld in loaders]
-        conn.send(("ready", os.getpid()))
-        while True:
-            cmd, *args = conn.recv()
-            if cmd == "stop":
-                for ld in loaders:
-                    ld.close()
-                conn.send(("stopped", None))
-                return
-            barrier = threading.Barrier(ranks)
-            results: list = [None] * ranks
-            errors: list = []
-
-            def one(r: int) -> None:
-                try:
-                    results[r] = _consume(iters[r], args[0], args[1], barrier)
-                except BaseException as exc:  # surface, never hang the driver
-                    errors.append(f"rank {r}: {type(exc).__name__}: {exc}")
-                    barrier.abort()
-
-            threads = [threading.Thread(target=one, args=(r,)) for r in range(ranks)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            conn.send(("error", "; ".join(errors)) if errors else ("done", results))
+    try:
+        loader = Loader(address, job=job, rank=rank, world_size=world_size, timeout=120.0)
+        batches = iter(loader)
+    except BaseException as exc:
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        return
+    conn.send(("ready", os.getpid()))
+    try:
+        _serve(batches, barrier, conn)
+    finally:
+        loader.close()
 
 
-class MdataFleet:
-    """An mdata cluster (host + Dask workers) and a trainer host with ``ranks`` Loaders."""
+class MdataFleet(_Fleet):
+    """An mdata cluster (host + Dask workers) and ``R`` rank processes, each with its Loader."""
 
     def __init__(self, sources: Sequence, plan, *, loader_workers: int, job: str = "bench") -> None:
+        super().__init__()
         self.sources, self.plan, self.job = list(sources), plan, job
         self.loader_workers = loader_workers
         self.mesh = plan.mesh
         self.dp_of = [self.mesh.coordinate(r).dp for r in range(self.mesh.world_size)]
-        self._procs: list = []
-        self._conns: list = []
-        self.host_pid = self.trainer_pid = 0
+        self.host_pid = 0
         self.worker_pids: list[int] = []
-
-    def _start(self, target, *args):
-        ctx = mp.get_context("spawn")  # no Dask threads ever live in this (forking) process
-        here, there = ctx.Pipe()
-        proc = ctx.Process(target=target, args=(*args, there))
-        proc.start()
-        self._procs.append(proc)
-        self._conns.append(here)
-        if not here.poll(300):
-            raise TimeoutError(f"{target.__name__} did not start within 300 s")
-        kind, value = here.recv()
-        if kind == "error":
-            raise RuntimeError(f"mdata {target.__name__}: {value}")
-        return value
 
     def __enter__(self) -> "MdataFleet":
         try:
-            address, self.host_pid, self.worker_pids = self._start(
-                _cluster_host_main, self.sources, self.plan, self.job, self.loader_workers)
-            self.trainer_pid = self._start(_trainer_host_main, address, self.job, self.mesh.world_size)
+            host = self._spawn(_cluster_host_main, self.sources, self.plan, self.job,
+                               self.loader_workers, rank=False)
+            address, self.host_pid, self.worker_pids = self._ready(host, "the mdata cluster host")
+            world = self.mesh.world_size
+            self._start_ranks(_mdata_rank_main, [(address, self.job, r, world) for r in range(world)])
         except BaseException:
             self.__exit__()
             raise
         return self
 
-    def run(self, steps: int, compute_s_per_cost: float = 0.0) -> RunStats:
-        began = time.perf_counter()
-        conn = self._conns[1]
-        conn.send(("run", steps, compute_s_per_cost))
-        kind, value = conn.recv()
-        if kind == "error":
-            raise RuntimeError(f"mdata trainers: {value}")
-        return _stats(value, self.dp_of, time.perf_counter() - began)
+    def loader_pids(self) -> list[int]:
+        """The cluster host (scheduler, Planner, nannies) and every process it started: the Dask
+        workers, and multiprocessing's resource tracker."""
+        import psutil
+
+        try:
+            children = [c.pid for c in psutil.Process(self.host_pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            children = list(self.worker_pids)
+        return [self.host_pid, *children]
 
     def __exit__(self, *exc) -> None:
-        # Shutdown order: the trainer host (its Loaders and client) goes first and is gone before
-        # the cluster closes. Stopping both at once left the trainers' client reconnecting to a
-        # closed scheduler for 30 s, and their long polls failing with CommClosedError.
-        for c, p in reversed(list(zip(self._conns, self._procs))):
-            try:
-                c.send(("stop",))
-            except OSError:
-                pass
+        # ranks first (they detach from the cluster) and joined, then the bare trainer and the
+        # cluster host: stopping them together left the ranks' clients reconnecting to a closed
+        # scheduler for 30 s, and their long polls failing with CommClosedError
+        self._stop_all(self._rank_conns, 60)
+        for p in self._procs[len(self._other_conns):]:
             p.join(timeout=60)
-            if p.is_alive():
-                p.kill()
-                p.join()
+        super().__exit__(*exc)

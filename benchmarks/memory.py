@@ -1,46 +1,65 @@
-"""Loader-side CPU memory: sum of PSS of every loader process, mdata beside the per-rank baseline.
+"""Loader-side CPU memory at production shape: what each system adds to a training job, at peak.
 
-**Baseline** (``benchmarks/baseline.py`` in :class:`~benchmarks.fleet.BaselineFleet`): ``R`` rank
-processes, each with a ``DataLoader`` of ``W`` workers, every worker holding its own reader state
-for all ``S`` sources. Counted: the PSS of every DataLoader worker process after each has opened
-every source and produced batches. *Not* counted: the rank processes' own loader share (the
-DataLoader's in-flight batches, its iterator), which cannot be separated from the trainer's
-torch; and the rank processes are forked from one parent, so the torch pages they share are split
-among them. Both choices lower the baseline's number.
+**Counting** (:mod:`benchmarks.counting`, the same for both systems). Every trainer rank is its own
+process (spawned, as torchrun starts ranks) with a trainer's imports; one *bare trainer* with the
+same imports and no loader runs beside it. A system's memory is the sum of the PSS of its loader
+processes plus, for every rank, the rank's PSS less the bare trainer's, sampled every 150 ms
+through the run; the figure is the **peak** of that sum over a run of the same number of delivered
+steps on both sides (``STEPS``). The headline point is the median of 3 runs of each side (full
+run); sweep points are single runs.
 
-**mdata** (:class:`~benchmarks.fleet.MdataFleet`): the cluster host (Dask scheduler with the
-Planner, and the nannies), every Dask worker process (loader pools and the constructor), and the
-trainer-side Loader buffers (prefetch depth x the bytes of one rank's batch, for every rank),
-delivering the same steps to the same ``R`` ranks (mesh ``dp = R / cp``, ``cp`` ranks per DP group).
-Loader pools: ``L`` workers, the sources dealt round-robin over them (several cheap sources share
-one pool rather than each holding workers of its own).
+* **Baseline** (:class:`~benchmarks.fleet.BaselineFleet`, ``reader="stream"``): each rank runs a
+  ``DataLoader`` of ``W`` forked workers; every worker opens every source and streams its row
+  groups with pyarrow's best streaming settings (``benchmarks/baseline_stream.py``: buffered
+  reads of 1 MiB, no pre-buffering, ``iter_batches`` of one chunk's rows, declared columns only).
+  Counted: workers, and the ranks' DataLoader iterators and in-flight batches (rank over bare).
+* **mdata** (:class:`~benchmarks.fleet.MdataFleet`): the cluster host (scheduler with the
+  Planner, nannies), every Dask worker (``LOADER_WORKERS`` loader pools with the sources dealt
+  round-robin, one constructor), and each rank's client and Loader (rank over bare). mdata's
+  Parquet reader streams the same way (``mdata/sources/parquet_reader.py``).
 
-Many sources come from :func:`benchmarks.workload.many_sources`: each source reads one shard file
-of the example corpus, so several sources share underlying files (each still has its own reader,
-listing and buffers in every process that opens it, which is what is measured).
+**Data** (:func:`benchmarks.workload.production_corpus`): the example corpus re-written with row
+groups of 32-128 MiB of decoded data, one file per kind; ``S`` sources are views over these files
+(several sources share a file, each with its own readers and buffers in every process that opens
+it). Chunk rows per kind give a few MiB per chunk on both sides.
 
-Peak memory of the run is kept under ``LIMIT_MB``: a configuration whose projected baseline size
-exceeds it is skipped and listed as not run, and the largest configuration that ran is reported.
+**Measured and projected.** mdata runs at the full shape. The baseline at 16 ranks x 4 workers
+would hold far more than this shared machine may use (``LIMIT_MB``), so it runs with
+``measured_ranks`` = 2 rank families of the full shape (a rank and its ``W`` workers) and is
+projected to ``R`` ranks: everything scales with the number of families except the pages of
+shared libraries (``.so`` files and the interpreter, read from ``/proc/PID/smaps``), which every
+further family would share and which are counted once. The upper bound, everything scaled, is in
+the notes and in ``memory.loader_pss_ratio_upper``. ``memory.baseline_projection_check`` projects one family to
+the measured two and compares. Figures say which values are projections.
+
+**Limits the baseline meets**: open file descriptors and memory maps per worker are read from
+``/proc`` at the end of each baseline run and set against the usual soft limit (``ulimit -n``
+1024), this machine's limits and ``vm.max_map_count``; RAM against a DGX H100 node (8 GPUs, 2 TiB).
 """
 
 from __future__ import annotations
 
+import resource
 import sys
+import time
 
 from benchmarks.baseline import IMAGE_TOKEN_ID
-from benchmarks.fleet import BaselineFleet, MdataFleet, pss_mb
+from benchmarks.counting import PeakPss
+from benchmarks.fleet import BaselineFleet, MdataFleet
 from benchmarks.harness import figure
-from benchmarks.workload import many_sources
+from benchmarks.workload import production_sources
 from mdata.cost import AttentionCost
 from mdata.mesh import ClientPlaceTree
 from mdata.plan import Plan
 
-__all__ = ["LIMIT_MB", "measure", "run"]
+__all__ = ["LIMIT_MB", "measure_baseline", "measure_mdata", "project_baseline", "run"]
 
-LIMIT_MB = 12 * 1024
+LIMIT_MB = 10 * 1024  # no single measured fleet may project above this (the machine is shared)
 MAX_TOKENS = 4096
 MICRO_BATCHES = 2
-PREFETCH = 2  # mdata.trainer.Loader's default prefetch depth
+STEPS = 8  # delivered steps per rank, the same on both sides
+LOADER_WORKERS = 4
+NODE_GPUS, NODE_RAM_MB = 8, 2 * 1024 * 1024  # DGX H100: 8 GPUs, 2 TiB
 
 
 def _weights(sources) -> dict[str, float]:
@@ -55,104 +74,194 @@ def _plan(sources, ranks: int, cp: int):
             .special_tokens(image_token_id=IMAGE_TOKEN_ID))
 
 
-def measure_baseline(num_sources: int, ranks: int, cp: int, workers: int) -> dict[str, float]:
-    """PSS of the baseline's DataLoader workers after each produced a few batches."""
-    sources = many_sources(num_sources)
-    with BaselineFleet(sources, _weights(sources), ranks=ranks, group=cp, workers=workers,
-                       max_tokens=MAX_TOKENS, micro_batches=MICRO_BATCHES) as fleet:
-        fleet.run(2 * workers)  # every worker has produced >= 2 batches (and prefetched more)
-        pids = fleet.worker_pids()
-        return {"pss_mb": pss_mb(pids), "processes": len(pids),
-                "rank_pss_mb": pss_mb(fleet.rank_pids)}
+_BEGAN = time.monotonic()
 
 
-def measure_mdata(num_sources: int, ranks: int, cp: int, loader_workers: int) -> dict[str, float]:
-    """PSS of mdata's cluster host and Dask workers plus the trainers' Loader buffers."""
-    sources = many_sources(num_sources)
-    with MdataFleet(sources, _plan(sources, ranks, cp), loader_workers=loader_workers) as fleet:
-        stats = fleet.run(4)
-        pids = [fleet.host_pid, *fleet.worker_pids]
-        buffers = PREFETCH * stats.batch_bytes * ranks / (1 << 20)
-        return {"pss_mb": pss_mb(pids) + buffers, "processes": len(pids), "buffers_mb": buffers}
+def _progress(what: str, out: dict) -> None:
+    print(f"memory: {what}: peak {out['pss_mb']:.0f} MB ({out['samples']} samples) at "
+          f"{time.monotonic() - _BEGAN:.0f} s", file=sys.stderr, flush=True)
 
 
-def measure(num_sources: int, ranks: int, cp: int, workers: int, loader_workers: int,
-            per_worker_mb: float | None = None) -> dict[str, object]:
-    """Both systems at one configuration; ``skipped`` when the baseline would not fit."""
-    if per_worker_mb is not None and _projected(per_worker_mb, ranks, workers) > LIMIT_MB:
-        return {"skipped": f"projected {_projected(per_worker_mb, ranks, workers):.0f} MB > "
-                           f"{LIMIT_MB} MB on this machine"}
-    out: dict[str, object] = {"baseline": measure_baseline(num_sources, ranks, cp, workers)}
+def _limits_of(pids) -> dict[str, float]:
+    """Most open file descriptors and memory maps of any of ``pids`` (read from /proc)."""
+    import psutil
+
+    fds = maps = 0
+    for p in pids:
+        try:
+            fds = max(fds, psutil.Process(p).num_fds())
+            with open(f"/proc/{p}/maps") as f:
+                maps = max(maps, sum(1 for _ in f))
+        except (OSError, psutil.Error):
+            continue
+    return {"fds": fds, "maps": maps}
+
+
+def measure_baseline(num_sources: int, row_group_mb: int, ranks: int, workers: int) -> dict[str, float]:
+    """Peak PSS the baseline adds with ``ranks`` x ``workers``, and its workers' fds and maps."""
+    sources = production_sources(num_sources, row_group_mb)
+    with BaselineFleet(sources, _weights(sources), ranks=ranks, group=1, workers=workers,
+                       max_tokens=MAX_TOKENS, micro_batches=MICRO_BATCHES, reader="stream") as fleet:
+        with PeakPss(fleet.loader_pids, fleet.rank_pids, fleet.bare_pid) as pss:
+            fleet.run(STEPS)
+        out = {"pss_mb": pss.peak_mb, **pss.at_peak, **_limits_of(fleet.worker_pids()),
+               "samples": pss.samples, "measured_ranks": ranks, "library_mb": pss.library_mb}
+    _progress(f"baseline {ranks}x{workers}, {num_sources} sources, rg {row_group_mb}", out)
+    return out
+
+
+def measure_mdata(num_sources: int, row_group_mb: int, ranks: int, cp: int) -> dict[str, float]:
+    """Peak PSS mdata adds: cluster host, Dask workers, and every rank's client and Loader."""
+    sources = production_sources(num_sources, row_group_mb)
+    with MdataFleet(sources, _plan(sources, ranks, cp), loader_workers=LOADER_WORKERS) as fleet:
+        with PeakPss(fleet.loader_pids, fleet.rank_pids, fleet.bare_pid) as pss:
+            fleet.run(STEPS)
+        out = {"pss_mb": pss.peak_mb, **pss.at_peak, "samples": pss.samples}
+    _progress(f"mdata {ranks} ranks, {num_sources} sources, rg {row_group_mb}", out)
+    return out
+
+
+def project_baseline(measured: dict, ranks: int) -> dict[str, float]:
+    """The baseline at ``ranks`` from a fleet of ``measured["measured_ranks"]`` rank families of the
+    same shape: everything scales with the families except shared-library pages (``.so`` files,
+    the interpreter), which every further family would share and which are counted once. The
+    upper bound scales everything."""
+    scale = ranks / measured["measured_ranks"]
+    library = measured["library_mb"]
+    return {"pss_mb": scale * (measured["pss_mb"] - library) + library,
+            "upper_mb": scale * measured["pss_mb"],
+            "per_family_mb": measured["pss_mb"] / measured["measured_ranks"]}
+
+
+def _median_run(measure, repeats: int) -> dict:
+    """The run with the median peak of ``repeats`` runs of ``measure()`` (its breakdown intact)."""
+    runs = sorted((measure() for _ in range(max(1, repeats))), key=lambda r: r["pss_mb"])
+    out = dict(runs[len(runs) // 2])
+    out["repeats"] = [round(r["pss_mb"]) for r in runs]
+    return out
+
+
+def _point(cfg: dict, num_sources: int, row_group_mb: int, guess_family_mb: float,
+           repeats: int = 1) -> dict:
+    """Both systems at one (sources, row-group size): mdata measured, the baseline projected;
+    each the median of ``repeats`` runs."""
+    out: dict = {}
+    measured_ranks = cfg["measured_ranks"]
+    if guess_family_mb * measured_ranks + 500 <= LIMIT_MB:
+        out["measured"] = _median_run(lambda: measure_baseline(
+            num_sources, row_group_mb, measured_ranks, cfg["workers"]), repeats)
+        out["baseline"] = project_baseline(out["measured"], cfg["ranks"])
     try:
-        out["mdata"] = measure_mdata(num_sources, ranks, cp, loader_workers)
-    except Exception as exc:  # the runtime may not run here yet: say so, never invent a number
+        out["mdata"] = _median_run(lambda: measure_mdata(
+            num_sources, row_group_mb, cfg["ranks"], cfg["cp"]), repeats)
+    except Exception as exc:  # the runtime may fail here: say so, never invent a number
         print(f"memory: mdata at {num_sources} sources failed: {exc}", file=sys.stderr)
         out["mdata_error"] = f"{type(exc).__name__}: {exc}"
     return out
 
 
-def _projected(per_worker_mb: float, ranks: int, workers: int) -> float:
-    """Baseline footprint: workers plus ~per_worker/2 for each rank process (measured ~0.45x)."""
-    return per_worker_mb * (ranks * workers + ranks / 2)
+def _config(quick: bool) -> dict:
+    if quick:
+        return dict(ranks=4, cp=2, workers=2, row_group_mb=32, sources=(16,), row_groups=(32,),
+                    headline_sources=16, measured_ranks=2, repeats=1)
+    return dict(ranks=16, cp=4, workers=4, row_group_mb=64, sources=(8, 64, 256, 1024),
+                row_groups=(32, 64, 128), headline_sources=64, measured_ranks=2, repeats=3)
 
 
-def _describe(cfg: dict) -> str:
-    return (f"{cfg['num_sources']} sources x {cfg['ranks']} ranks (cp={cfg['cp']}) x "
-            f"{cfg['workers']} workers; mdata: {cfg['loader_workers']} loader workers + 1 constructor")
+def _shape(cfg: dict) -> str:
+    return (f"{cfg['ranks']} ranks (cp={cfg['cp']}) x {cfg['workers']} DataLoader workers; mdata "
+            f"{LOADER_WORKERS} loader workers + 1 constructor; peak over {STEPS} delivered steps")
+
+
+def _note(point: dict) -> str:
+    parts = []
+    if "baseline" in point:
+        b, m = point["baseline"], point["measured"]
+        parts.append(f"baseline PROJECTED from {m['measured_ranks']} measured rank families "
+                     f"({b['per_family_mb']:.0f} MB each; shared libraries' {m['library_mb']:.0f} MB "
+                     f"counted once; all scaled: {b['upper_mb']:.0f} MB)")
+    else:
+        parts.append("baseline not run: its measured fleet would exceed this machine's budget")
+    if "mdata" in point:
+        m = point["mdata"]
+        parts.append(f"mdata measured: {m['loader_processes']:.0f} processes {m['loader_processes_mb']:.0f} MB"
+                     f" + ranks over bare {m['ranks_over_bare_mb']:.0f} MB")
+        if len(m.get("repeats", ())) > 1:
+            parts.append(f"median of {len(m['repeats'])} runs (mdata {m['repeats']} MB, baseline "
+                         f"families {point.get('measured', {}).get('repeats')} MB)")
+    else:
+        parts.append(f"mdata not measured: {point.get('mdata_error')}")
+    return "; ".join(parts)
+
+
+def _fig(point: dict, note: str) -> dict:
+    ours = point.get("mdata", {}).get("pss_mb")
+    base = point.get("baseline", {}).get("pss_mb")
+    return figure(ours, base, unit="MB", goal="ratio >= 13.5", note=f"{note}; {_note(point)}")
 
 
 def run(quick: bool) -> dict[str, object]:
-    if quick:
-        wanted = [dict(num_sources=16, ranks=4, cp=2, workers=2, loader_workers=2)]
-        sweep, sweep_cfg = (8, 16), dict(ranks=4, cp=2, workers=2, loader_workers=2)
-    else:
-        # The target configuration first, then smaller ones if it cannot fit under LIMIT_MB here.
-        wanted = [dict(num_sources=64, ranks=r, cp=4, workers=w, loader_workers=4)
-                  for r, w in ((16, 4), (16, 2), (8, 4), (8, 2))]
-        sweep, sweep_cfg = (8, 32, 64, 128, 256), dict(ranks=4, cp=2, workers=4, loader_workers=4)
+    cfg = _config(quick)
     figures: dict[str, object] = {}
+    points: dict[tuple[int, int], dict] = {}
+    family = 250.0 + cfg["workers"] * 300.0  # MB per baseline rank family, refined as measured
 
-    per_worker: dict[int, float] = {}
-    done: dict[tuple, dict] = {}
-    for n in sweep:
-        cfg = dict(num_sources=n, **sweep_cfg)
-        known = [v for k, v in per_worker.items() if k <= n]
-        res = measure(**cfg, per_worker_mb=1.5 * max(known) if known else None)
-        done[tuple(sorted(cfg.items()))] = res
-        key = f"memory.loader_pss_mb_{n}_sources"
-        if "skipped" in res:
-            figures[key] = figure(None, None, unit="MB", note=f"not run: {res['skipped']}; {_describe(cfg)}")
-            continue
-        base = res["baseline"]
-        per_worker[n] = base["pss_mb"] / base["processes"]
-        ours = res.get("mdata", {}).get("pss_mb")
-        figures[key] = figure(ours, base["pss_mb"], unit="MB", goal="ratio >= 13.5",
-                              note=_describe(cfg) + (f"; mdata not measured: {res['mdata_error']}"
-                                                     if "mdata_error" in res else ""))
+    def point(n: int, rg: int) -> dict:
+        nonlocal family
+        if (n, rg) not in points:
+            headline = (n, rg) == (cfg["headline_sources"], cfg["row_group_mb"])
+            points[(n, rg)] = p = _point(cfg, n, rg, family, cfg["repeats"] if headline else 1)
+            if "baseline" in p:
+                family = max(family, p["baseline"]["per_family_mb"])
+        return points[(n, rg)]
 
-    estimate = max([v for k, v in per_worker.items() if k <= 64] or [0.0]) * 1.1 or None
-    skipped = []
-    for cfg in wanted:
-        if estimate and _projected(estimate, cfg["ranks"], cfg["workers"]) > LIMIT_MB:
-            skipped.append(f"{cfg['ranks']} ranks x {cfg['workers']} workers (projected "
-                           f"{_projected(estimate, cfg['ranks'], cfg['workers']):.0f} MB)")
-            continue
-        break
-    else:
-        raise RuntimeError(f"no memory configuration fits under {LIMIT_MB} MB: {skipped}")
-    res = done.get(tuple(sorted(cfg.items()))) or measure(**cfg)  # quick: the sweep's last point
-    base = res["baseline"]["pss_mb"]
-    ours = res.get("mdata", {}).get("pss_mb")
-    note = _describe(cfg) + ("" if ours is not None else f"; mdata not measured: {res['mdata_error']}")
-    note += (f"; baseline: {res['baseline']['processes']} worker processes (rank processes' "
-             f"{res['baseline']['rank_pss_mb']:.0f} MB not counted)")
-    if ours is not None:
-        note += (f"; mdata: {res['mdata']['processes']} processes + "
-                 f"{res['mdata']['buffers_mb']:.1f} MB Loader buffers")
-    if skipped:
-        note += "; did not fit here: " + ", ".join(skipped)
-    figures["memory.loader_pss_mb"] = figure(ours, base, unit="MB", goal="ratio >= 13.5", note=note)
+    for n in cfg["sources"]:
+        p = point(n, cfg["row_group_mb"])
+        figures[f"memory.loader_pss_mb_{n}_sources"] = _fig(
+            p, f"{n} sources, row groups {cfg['row_group_mb']} MiB; {_shape(cfg)}")
+        if "measured" in p:
+            lim = p["measured"]
+            figures[f"memory.baseline_fds_per_worker_{n}_sources"] = figure(
+                lim["fds"], unit="fds",
+                note=(f"most open file descriptors of one baseline worker (measured); soft limit "
+                      f"here {resource.getrlimit(resource.RLIMIT_NOFILE)[0]}, common default 1024; "
+                      f"memory maps per worker {lim['maps']} (vm.max_map_count 65530)"))
+    for rg in cfg["row_groups"]:
+        p = point(cfg["headline_sources"], rg)
+        figures[f"memory.loader_pss_mb_rg{rg}"] = _fig(
+            p, f"{cfg['headline_sources']} sources, row groups {rg} MiB; {_shape(cfg)}")
+
+    head = point(cfg["headline_sources"], cfg["row_group_mb"])
+    desc = f"{cfg['headline_sources']} sources x {_shape(cfg)}, row groups {cfg['row_group_mb']} MiB"
+    figures["memory.loader_pss_mb"] = _fig(head, desc)
+    ours = head.get("mdata", {}).get("pss_mb")
+    base = head.get("baseline", {}).get("pss_mb")
     figures["memory.loader_pss_ratio"] = figure(
-        base / ours if ours else None, goal=">= 13.5",
-        note="baseline PSS / mdata PSS" + ("" if ours else "; mdata not measured"))
+        base / ours if ours and base else None, goal=">= 13.5",
+        note=f"baseline (projected) / mdata (measured) peak PSS added; {desc}")
+    if ours and base:
+        figures["memory.loader_pss_ratio_upper"] = figure(
+            head["baseline"]["upper_mb"] / ours,
+            note="the same with the baseline's measured families scaled whole (upper bound)")
+    if ours:
+        figures["memory.mdata_per_rank_mb"] = figure(
+            head["mdata"]["ranks_over_bare_mb"] / cfg["ranks"], unit="MB",
+            note="what one rank's client + Loader add over a bare trainer, at mdata's peak")
+
+    # The projection checked: from one rank family to the measured fleet of measured_ranks.
+    if "measured" in head:
+        one = measure_baseline(cfg["headline_sources"], cfg["row_group_mb"], 1, cfg["workers"])
+        projected = project_baseline(one, cfg["measured_ranks"])
+        measured = head["measured"]["pss_mb"]
+        figures["memory.baseline_projection_check"] = figure(
+            projected["pss_mb"] / measured, goal="~1 (< 1: the projection favours the baseline)",
+            note=(f"projected from 1 rank family {projected['pss_mb']:.0f} MB (all scaled "
+                  f"{projected['upper_mb']:.0f} MB) / measured {measured:.0f} MB at "
+                  f"{cfg['measured_ranks']} ranks x {cfg['workers']} workers, {cfg['headline_sources']} sources"))
+    if base:
+        per_node = base / cfg["ranks"] * NODE_GPUS
+        figures["memory.baseline_node_mb"] = figure(
+            per_node, unit="MB", note=(f"PROJECTED baseline loader memory per {NODE_GPUS}-GPU node at "
+                                       f"{cfg['headline_sources']} sources; a DGX H100 has "
+                                       f"{NODE_RAM_MB // 1024} GiB"))
     return figures

@@ -5,11 +5,13 @@ transforms through :func:`mdata.sources.load_chunk`) and feed the same ranks
 (:mod:`benchmarks.fleet`):
 
 * ``throughput.samples_per_core_ratio``: distinct samples delivered (once per DP group) per CPU
-  second of the loader-side processes, measured over a window after warm-up with the trainers
-  consuming as fast as they can. Baseline: the DataLoader workers' CPU only (not the rank
-  processes' collation and unpickling). mdata: the cluster host (scheduler + Planner + nannies),
-  every Dask worker, and the whole trainer host process (its Loader threads). Both choices
-  favour the baseline.
+  second of everything each system adds, measured over a window after warm-up with the trainers
+  consuming as fast as they can. Every rank is its own process on both sides (spawned, as under
+  torchrun) and CPU is counted as :func:`benchmarks.counting.added_cpu_seconds` does, the same
+  way as the memory figure: baseline, the DataLoader workers plus the rank processes (their
+  iterators: unpickling, collation) less a bare trainer; mdata, the cluster host (scheduler +
+  Planner + nannies), every Dask worker, plus the rank processes (client, Loader threads) less
+  a bare trainer. Both systems run in this one call, one after the other, on the same data.
 * ``throughput.trainer_stall_fraction``: each rank sleeps for its batch's
   :class:`~mdata.cost.AttentionCost` times a fixed seconds-per-cost (a forward/backward stand-in)
   and meets the other ranks every step; stall = time blocked on the next batch / rank wall time.
@@ -23,7 +25,8 @@ from __future__ import annotations
 import sys
 
 from benchmarks.baseline import IMAGE_TOKEN_ID
-from benchmarks.fleet import BaselineFleet, MdataFleet, cpu_seconds
+from benchmarks.counting import added_cpu_seconds
+from benchmarks.fleet import BaselineFleet, MdataFleet
 from benchmarks.harness import figure
 from benchmarks.mixture import WEIGHTS
 from benchmarks.workload import corpus_dir
@@ -54,7 +57,7 @@ def _baseline(cfg: dict) -> dict[str, float]:
     sources, weights = _sources_and_weights()
     with BaselineFleet(sources, weights, ranks=cfg["ranks"], group=cfg["cp"], workers=cfg["workers"],
                        max_tokens=MAX_TOKENS, micro_batches=MICRO_BATCHES) as fleet:
-        return _measure(fleet, lambda: fleet.worker_pids(), cfg)
+        return _measure(fleet, cfg)
 
 
 def _mdata(cfg: dict) -> dict[str, float]:
@@ -65,17 +68,16 @@ def _mdata(cfg: dict) -> dict[str, float]:
             .distribute(ClientPlaceTree(dp=dp, cp=cfg["cp"])).seed(0)
             .special_tokens(image_token_id=IMAGE_TOKEN_ID))
     with MdataFleet(sources, plan, loader_workers=cfg["loader_workers"]) as fleet:
-        return _measure(fleet, lambda: [fleet.host_pid, fleet.trainer_pid, *fleet.worker_pids], cfg)
+        return _measure(fleet, cfg)
 
 
-def _measure(fleet, loader_pids, cfg: dict) -> dict[str, float]:
-    """The same protocol for both systems: warm up, then a fast run for samples per loader
-    CPU-second, then a paced run (simulated compute) for the stall fraction."""
+def _measure(fleet, cfg: dict) -> dict[str, float]:
+    """The same protocol for both systems: warm up, then a fast run for samples per CPU-second
+    of what the system adds, then a paced run (simulated compute) for the stall fraction."""
     fleet.run(cfg["warm"])
-    pids = loader_pids()
-    cpu0 = cpu_seconds(pids)
+    cpu0 = added_cpu_seconds(fleet)
     fast = fleet.run(cfg["steps"])
-    cpu = cpu_seconds(pids) - cpu0
+    cpu = added_cpu_seconds(fleet) - cpu0
     paced = fleet.run(cfg["steps"], SECONDS_PER_COST)
     return {"samples_per_core_s": fast.samples / max(cpu, 1e-9), "samples_per_s": fast.samples / fast.wall_s,
             "stall": paced.stall_fraction, "cpu_s": cpu, "samples": fast.samples}
@@ -96,10 +98,10 @@ def run(quick: bool) -> dict[str, object]:
     return {
         "throughput.samples_per_core": figure(
             per_core, base["samples_per_core_s"], unit="samples/cpu-s", goal="higher is better",
-            note=f"{setup}; baseline counts DataLoader workers only{why}"),
+            note=f"{setup}; CPU of everything each system adds (ranks each a process, less a bare trainer){why}"),
         "throughput.samples_per_core_ratio": figure(
             None if ours is None else per_core / base["samples_per_core_s"], goal="> 1",
-            note=f"mdata / baseline samples per loader CPU-second{why}"),
+            note=f"mdata / baseline samples per CPU-second each system adds{why}"),
         "throughput.samples_per_s": figure(
             None if ours is None else ours["samples_per_s"], base["samples_per_s"],
             unit="samples/s", goal="indicative (2 shared cores)", note=f"{setup}{why}"),

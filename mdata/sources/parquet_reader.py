@@ -1,4 +1,10 @@
-"""Parquet shards: the footer is parsed once; reads fetch only overlapping row groups and columns."""
+"""Parquet shards: the footer is parsed once; reads fetch only overlapping row groups and columns.
+
+Reads stream: the file is read through a buffered stream of :data:`READ_BUFFER` bytes per column
+(never a whole column chunk at once, no pre-buffering of the row group) and decoded ``stop -
+start`` rows at a time, stopping at ``stop``. Production writers cut row groups of 32-128 MB; a
+chunk of a few hundred rows then costs one chunk's worth of decoded memory, not a row group's.
+"""
 
 from __future__ import annotations
 
@@ -18,7 +24,10 @@ from mdata.sources.spec import Format
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
 
-__all__ = ["ParquetShardReader"]
+__all__ = ["ParquetShardReader", "READ_BUFFER"]
+
+#: Bytes of the buffered stream per column chunk (pyarrow's ``buffer_size``).
+READ_BUFFER = 1 << 20
 
 
 class ParquetShardReader(ShardReader):
@@ -49,7 +58,8 @@ class ParquetShardReader(ShardReader):
         try:
             # Page checksums are verified when the writer stored them: corruption inside a data
             # page then fails loudly instead of yielding wrong tokens.
-            self._pf = pq.ParquetFile(self._file, page_checksum_verification=True)
+            self._pf = pq.ParquetFile(self._file, page_checksum_verification=True,
+                                      buffer_size=READ_BUFFER, pre_buffer=False)
         except Exception as exc:
             self._file.close()
             self._file = None
@@ -92,7 +102,7 @@ class ParquetShardReader(ShardReader):
         last = int(np.searchsorted(self._group_starts, stop, side="left")) - 1
         groups = list(range(first, last + 1))
         try:
-            table = self._pf.read_row_groups(groups, columns=fields, use_threads=False)
+            table = self._stream(groups, start, stop, fields)
         except Exception as exc:  # corrupt page, checksum mismatch, truncated column chunk; or storage
             if is_transient(exc):
                 raise
@@ -101,7 +111,6 @@ class ParquetShardReader(ShardReader):
                 action=f"reading rows [{start}, {stop})", row=start,
             ) from exc
         self.units_read += len(groups)
-        table = table.slice(start - int(self._group_starts[first]), stop - start)
         out: dict[str, list[Any]] = {}
         for name in fields:
             column = table.column(name)
@@ -110,3 +119,18 @@ class ParquetShardReader(ShardReader):
                 column = pc.struct_field(column, [child])
             out[name] = column.to_pylist()
         return out
+
+    def _stream(self, groups: list[int], start: int, stop: int, fields: list[str]) -> pa.Table:
+        """Rows ``[start, stop)`` of ``groups``, decoded ``stop - start`` rows at a time; batches
+        before ``start`` are decoded and dropped (Parquet pages have no row index to seek by)."""
+        position = int(self._group_starts[groups[0]])
+        kept = []
+        for batch in self._pf.iter_batches(batch_size=stop - start, row_groups=groups,
+                                           columns=fields, use_threads=False):
+            end = position + batch.num_rows
+            if end > start:
+                kept.append(batch.slice(max(0, start - position), min(end, stop) - max(start, position)))
+            position = end
+            if position >= stop:
+                break
+        return pa.Table.from_batches(kept)  # start < stop <= num_rows: at least one batch
