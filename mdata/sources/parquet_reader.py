@@ -30,6 +30,16 @@ __all__ = ["ParquetShardReader", "READ_BUFFER"]
 READ_BUFFER = 1 << 20
 
 
+def _release_arrow_memory() -> None:
+    """Hand the decoded batches' pages back to the OS once a chunk is Python values.
+
+    Arrow's default pool (mimalloc or jemalloc) keeps freed pages for reuse: after the first
+    chunks of 32-128 MB row groups a loader process held its peak decode footprint (35-70 MB in
+    the memory benchmark) for good, on top of the chunks it serves. Loads are a few per second,
+    each decoding MBs, so releasing costs little next to the decode itself."""
+    pa.default_memory_pool().release_unused()
+
+
 class ParquetShardReader(ShardReader):
     """Parquet: footer parsed once; reads select overlapping row groups and declared columns."""
 
@@ -118,6 +128,8 @@ class ParquetShardReader(ShardReader):
             if child is not None:  # Hugging Face image struct {bytes, path}: take the bytes
                 column = pc.struct_field(column, [child])
             out[name] = column.to_pylist()
+        del table, column
+        _release_arrow_memory()
         return out
 
     def _stream(self, groups: list[int], start: int, stop: int, fields: list[str]) -> pa.Table:
