@@ -10,6 +10,7 @@ stream reads the way pyarrow streams best:
   coalesced pre-buffering of the row group;
 * ``iter_batches(batch_size=chunk_rows, row_groups=[g], columns=fields, use_threads=False)``:
   only the declared columns, ``chunk_rows`` rows decoded at a time, one row group after the other;
+* Arrow's pool hands freed pages back after every batch (``release_unused``), as mdata's reader does;
 * the stream's unit of work is one row group: ``(shard, row group)`` units are permuted per epoch
   (seeded) and dealt round-robin over the ``R x W`` streams of a DP group, as sharded streaming
   loaders deal shards; rows are shuffled within each batch.
@@ -131,7 +132,12 @@ class StreamingSourceStream:
             columns[name] = column.to_pylist()
         rows = np.arange(self._row, self._row + batch.num_rows, dtype=np.int64)
         self._row += batch.num_rows
-        del batch
+        del batch, column
+        # As mdata's reader does (mdata/sources/parquet_reader.py): hand freed Arrow pages back
+        # to the OS once the batch is Python values, instead of keeping the pool's peak for good.
+        import pyarrow as pa
+
+        pa.default_memory_pool().release_unused()
         chunk = transform_columns(self.source, shard, path, rows, columns)
         order = self._rng.permutation(len(chunk))
         Sample = self._sample

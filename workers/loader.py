@@ -18,8 +18,11 @@ from typing import Any
 import numpy as np
 
 from mdata.errors import PlanError, SourceError
-from mdata.sources import Source, SampleChunk, default_reader_cache, load_chunk, storage_waits
-from mdata.sources.listing import list_shards_resolved
+# Light modules only: the readers (pyarrow, fsspec) are imported by the first load or listing, so
+# the scheduler and constructors, which import this module for its names, never load them.
+from mdata.sources.chunk import SampleChunk
+from mdata.sources.spec import Source
+from mdata.sources.waits import storage_waits
 from mdata.spec import SourceSpec
 from mdata.wire.errors import InvalidRequestError
 from mdata.wire.messages import (
@@ -61,6 +64,9 @@ def _portable(exc: BaseException, source: str) -> BaseException:
 
 def load_chunk_task(source: Source | SourceSpec, shard: int, start: int, stop: int) -> SampleChunk:
     """Dask task body: read and transform rows ``[start, stop)`` of one shard of ``source``."""
+    from mdata.sources.cache import default_reader_cache
+    from mdata.sources.load import load_chunk
+
     began = time.perf_counter()
     try:
         chunk = load_chunk(build_source(source), shard, start, stop, cache=default_reader_cache())
@@ -84,6 +90,8 @@ def list_shards_task(source: Source | SourceSpec) -> dict[str, Any]:
     except Exception as exc:
         raise PlanError(f"source {source.name!r} cannot be built on worker {_worker_address()}: "
                         f"{type(exc).__name__}: {exc}") from None
+    from mdata.sources.listing import list_shards_resolved
+
     try:
         listing, fs, paths = list_shards_resolved(built)
     except Exception as exc:

@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from mdata.errors import MdataError
-from mdata.sources import Source, default_reader_cache, load_chunk
+from mdata.sources.spec import Source
 from mdata.spec import SourceSpec
 from mdata.wire.messages import SetRoleReply, SetRoleRequest
 from workers.loader import build_source
@@ -29,6 +29,9 @@ def warm_sources_task(sources: list[Source | SourceSpec]) -> dict[str, dict[str,
     Opens at most the reader cache's capacity, shared among the sources (more would only evict
     readers opened a moment ago). A source that fails here is reported in the result and left to
     the real load task, which raises its typed error where the job can see it."""
+    from mdata.sources.cache import default_reader_cache
+    from mdata.sources.load import load_chunk
+
     cache = default_reader_cache()
     share = max(1, cache.max_readers // max(1, len(sources)))
     out: dict[str, dict[str, Any]] = {}

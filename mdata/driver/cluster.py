@@ -195,6 +195,12 @@ class MdataCluster:
 def _worker(threads: int, resources: Mapping[str, int], memory_limit, host: str) -> dict:
     from distributed import Nanny
 
+    from mdata import config
+
+    # The worker's Dask config (the nanny hands it to the process it starts). Dask's profiler
+    # samples every thread's stack every 10 ms and keeps the history, in every worker; mdata reads
+    # none of it, so it is off unless ``mdata.cluster.worker-profile`` asks for the Profile page.
+    profile = bool(config.get("cluster.worker-profile"))
     return {
         "cls": Nanny,
         "options": {
@@ -203,6 +209,8 @@ def _worker(threads: int, resources: Mapping[str, int], memory_limit, host: str)
             "memory_limit": memory_limit,
             "host": host,
             "dashboard_address": None,
+            # a dotted key: the nanny merges this over its own config shallowly
+            "config": {"distributed.worker.profile.enabled": profile},
         },
     }
 

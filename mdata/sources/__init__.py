@@ -13,25 +13,56 @@
 Everything here is numpy/pyarrow/fsspec only: no Dask, no torch.
 """
 
-from mdata.sources.chunk import SampleChunk, SkippedSample
-from mdata.sources.fields import FieldKind
-from mdata.sources.cache import ReaderCache, ReaderCacheStats, default_reader_cache
-from mdata.sources.listing import list_shards
-from mdata.sources.load import load_chunk
-from mdata.sources.readers import JsonlShardReader, ParquetShardReader, ShardReader
-from mdata.sources.retry import RetryPolicy
-from mdata.sources.shards import ShardInfo, SourceListing
-from mdata.sources.spec import Format, Source
-from mdata.sources.transforms import (
-    ChunkContext,
-    DecodeImageCaption,
-    SampleOutput,
-    SampleTransform,
-    TokenizeText,
-    Transform,
-)
-from mdata.sources.waits import StorageWait, storage_waits
-from mdata.sources.wait_report import SourceStorageWait, describe_storage_wait, merge_storage_waits
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+#: Where each public name lives. Names are imported on first use (PEP 562): a process that needs
+#: one light module (a trainer's storage notices, a constructor's chunk type) does not import
+#: pyarrow, Pillow and the tokenizer code with the readers and transforms it never runs.
+_HOMES = {
+    "SampleChunk": "chunk", "SkippedSample": "chunk",
+    "FieldKind": "fields",
+    "ReaderCache": "cache", "ReaderCacheStats": "cache", "default_reader_cache": "cache",
+    "list_shards": "listing",
+    "load_chunk": "load",
+    "JsonlShardReader": "readers", "ParquetShardReader": "readers", "ShardReader": "readers",
+    "RetryPolicy": "retry",
+    "ShardInfo": "shards", "SourceListing": "shards",
+    "Format": "spec", "Source": "spec",
+    "ChunkContext": "transforms", "DecodeImageCaption": "transforms", "SampleOutput": "transforms",
+    "SampleTransform": "transforms", "TokenizeText": "transforms", "Transform": "transforms",
+    "StorageWait": "waits", "storage_waits": "waits",
+    "SourceStorageWait": "wait_report", "describe_storage_wait": "wait_report",
+    "merge_storage_waits": "wait_report",
+}
+
+if TYPE_CHECKING:
+    from mdata.sources.cache import ReaderCache, ReaderCacheStats, default_reader_cache
+    from mdata.sources.chunk import SampleChunk, SkippedSample
+    from mdata.sources.fields import FieldKind
+    from mdata.sources.listing import list_shards
+    from mdata.sources.load import load_chunk
+    from mdata.sources.readers import JsonlShardReader, ParquetShardReader, ShardReader
+    from mdata.sources.retry import RetryPolicy
+    from mdata.sources.shards import ShardInfo, SourceListing
+    from mdata.sources.spec import Format, Source
+    from mdata.sources.transforms import (ChunkContext, DecodeImageCaption, SampleOutput,
+                                          SampleTransform, TokenizeText, Transform)
+    from mdata.sources.wait_report import SourceStorageWait, describe_storage_wait, merge_storage_waits
+    from mdata.sources.waits import StorageWait, storage_waits
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_HOMES})
 
 __all__ = [
     "ChunkContext",

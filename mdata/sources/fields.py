@@ -9,8 +9,10 @@ the field and both types, instead of an obscure error deep inside a tokenizer.
 from __future__ import annotations
 
 from enum import Enum
+from typing import TYPE_CHECKING
 
-import pyarrow as pa
+if TYPE_CHECKING:  # pyarrow is imported where a schema is checked: readers, not specs or trainers
+    import pyarrow as pa
 
 __all__ = ["FieldKind", "arrow_type_problem", "bytes_child"]
 
@@ -28,6 +30,8 @@ class FieldKind(str, Enum):
 
 
 def bytes_child(t: pa.DataType) -> int | None:
+    import pyarrow as pa
+
     """Index of the binary ``bytes`` child of a Hugging Face image struct, or None."""
     if pa.types.is_struct(t):
         for i in range(t.num_fields):
@@ -38,10 +42,14 @@ def bytes_child(t: pa.DataType) -> int | None:
 
 
 def _is_binary(t: pa.DataType) -> bool:
+    import pyarrow as pa
+
     return pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t)
 
 
 def _is_text(t: pa.DataType) -> bool:
+    import pyarrow as pa
+
     return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
 
 
