@@ -1,0 +1,39 @@
+"""Processes import only what they run: a trainer or a constructor never loads the readers.
+
+Every Dask process and every trainer rank holds its imports for its whole life; pyarrow and
+fsspec cost each such process ~15 MB of its own. They are imported where Parquet is read or a
+schema checked (a loader's first load or listing), not by the modules other roles import.
+"""
+
+import subprocess
+import sys
+
+import pytest
+
+HEAVY = ("pyarrow", "fsspec")
+
+
+def _imported(module: str) -> set[str]:
+    code = (f"import sys, {module}; "
+            f"print(' '.join(m for m in {HEAVY!r} if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return set(out.stdout.split())
+
+
+@pytest.mark.parametrize("module", ["mdata.trainer.loader", "workers.plugin", "workers.constructor",
+                                    "mdata.sources", "mdata.spec"])
+def test_module_does_not_import_the_readers(module):
+    assert _imported(module) == set()
+
+
+def test_the_reader_modules_still_import_them():
+    assert _imported("mdata.sources.load") == set(HEAVY)
+
+
+def test_lazy_names_resolve_and_unknown_names_fail():
+    import mdata.sources as sources
+
+    assert sources.load_chunk.__module__ == "mdata.sources.load"
+    assert set(sources.__all__) <= set(dir(sources))
+    with pytest.raises(AttributeError):
+        sources.no_such_name  # noqa: B018
