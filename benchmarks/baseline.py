@@ -120,7 +120,10 @@ class SourceStream:
     def _refill(self) -> None:
         shard, start, stop = self._chunk_at(self._position)
         self._position += self.num_streams
-        chunk: SampleChunk = self.load(self.source, shard, start, stop, cache=self.cache)
+        self._fill(self.load(self.source, shard, start, stop, cache=self.cache))
+
+    def _fill(self, chunk: SampleChunk) -> None:
+        """Buffer a chunk's samples in a seeded random order."""
         order = self._rng.permutation(len(chunk))
         self._buffer = [
             Sample(self.source_index, chunk.shard, int(chunk.rows[i]), chunk.tokens(int(i)),

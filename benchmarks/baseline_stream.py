@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from benchmarks.baseline import SourceStream
 from mdata.sources import ChunkContext, ReaderCache, SampleChunk, SampleOutput, Source
 from mdata.sources.fields import bytes_child
 
@@ -57,28 +58,19 @@ def transform_columns(source: Source, shard: int, path: str, rows: np.ndarray,
                                     images=images)
 
 
-class StreamingSourceStream:
+class StreamingSourceStream(SourceStream):
     """Drop-in for :class:`~benchmarks.baseline.SourceStream` that streams row groups."""
 
     def __init__(self, source: Source, source_index: int, *, index: int, num_streams: int,
                  seed: int, cache: ReaderCache, load: Callable | None = None) -> None:
-        from benchmarks.baseline import Sample
-
-        self._sample = Sample
-        self.source = source
-        self.source_index = source_index
-        self.index = index
-        self.num_streams = num_streams
-        self.seed = seed
-        self.cache = cache
-        self._units: list[tuple[int, str, int, int]] | None = None  # shard, path, group, first row
-        self._position = index
+        super().__init__(source, source_index, index=index, num_streams=num_streams, seed=seed,
+                         cache=cache)
         self._rng = np.random.default_rng((seed, source_index, index, 2))
+        self._units: list[tuple[int, str, int, int]] | None = None  # shard, path, group, first row
         self._batches = None  # the open iterator over the current row group
         self._file = None
         self._row = 0
         self._unit: tuple[int, str, int, int] | None = None
-        self._buffer: list = []
 
     def open(self) -> None:
         """List the source, read its footers and open the first row group's stream."""
@@ -138,16 +130,4 @@ class StreamingSourceStream:
         import pyarrow as pa
 
         pa.default_memory_pool().release_unused()
-        chunk = transform_columns(self.source, shard, path, rows, columns)
-        order = self._rng.permutation(len(chunk))
-        Sample = self._sample
-        self._buffer = [
-            Sample(self.source_index, chunk.shard, int(chunk.rows[i]), chunk.tokens(int(i)),
-                   int(chunk.num_tokens[i]), int(chunk.num_patches[i]), chunk.image(int(i)))
-            for i in order[::-1]
-        ]
-
-    def next(self):
-        while not self._buffer:
-            self._refill()
-        return self._buffer.pop()
+        self._fill(transform_columns(self.source, shard, path, rows, columns))

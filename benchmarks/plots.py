@@ -2,8 +2,9 @@
 
     python benchmarks/plots.py --json figures.json [--out docs/benchmarks]
 
-* ``memory_sweep.png`` — loader-side PSS against the number of sources, baseline beside mdata
-  (from the ``memory.loader_pss_mb_<n>_sources`` figures of the JSON).
+* the headline plots of ``benchmarks/plots_e2e.py`` (``e2e_throughput.png``, ``e2e_breakdown.png``,
+  ``e2e_sim_ratio.png``) and ``benchmarks/plots_memory.py`` (``memory_vs_sources.png``,
+  ``memory_vs_row_group.png``), when the JSON has their figures.
 * ``balance_makespan.png`` — step makespan over the lower bound per DP size and context, mdata
   beside the per-rank greedy packer (``balance.makespan_vs_lb_<ctx>_dp<n>``).
 * ``mixture_deviation.png`` — per-step max |realised fraction - weight| for mdata, the
@@ -39,25 +40,6 @@ def _save(plt, fig, path: Path) -> Path:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
-
-
-def plot_memory(figures: dict, out: Path) -> Path | None:
-    points = sorted((int(m.group(1)), k) for k in figures
-                    if (m := re.fullmatch(r"memory\.loader_pss_mb_(\d+)_sources", k)))
-    points = [(n, k) for n, k in points if figures.get(f"{k}.baseline") is not None]
-    if not points:
-        return None
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(6, 4))
-    xs = [n for n, _ in points]
-    ax.plot(xs, [figures[f"{k}.baseline"] for _, k in points], "o-", label="per-rank DataLoaders")
-    mdata = [(n, figures[k]) for n, k in points if figures.get(k) is not None]
-    if mdata:
-        ax.plot([n for n, _ in mdata], [v for _, v in mdata], "s-", label="mdata")
-    ax.set(xscale="log", xlabel="sources", ylabel="loader-side PSS (MiB)",
-           title="Loader memory vs number of sources")
-    ax.legend()
-    return _save(plt, fig, out / "memory_sweep.png")
 
 
 def plot_balance(figures: dict, out: Path) -> Path | None:
@@ -103,7 +85,12 @@ def main(argv: list[str] | None = None) -> int:
     figures = json.loads(Path(args.json).read_text())
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    for path in (plot_memory(figures, out), plot_balance(figures, out), plot_mixture(out)):
+    from benchmarks import plots_e2e, plots_memory
+
+    made = [*plots_e2e.plot_all(figures, out), plots_memory.plot_memory_vs_sources(figures, out),
+            plots_memory.plot_memory_vs_row_group(figures, out), plot_balance(figures, out),
+            plot_mixture(out)]
+    for path in made:
         if path is not None:
             print(path)
     return 0

@@ -28,12 +28,26 @@ BENCHMARKS = ["plan", "transforms", "balance", "planner", "lineage", "mixture", 
               "comms", "throughput", "memory", "reliability", "e2e", "pools"]
 
 
+def _quiet_logs() -> None:
+    """Keep INFO chatter out of the table: Dask's (which logs a closed comm during a cluster's
+    shutdown at INFO *with* its traceback) and the local S3 server's access log. Warnings and
+    errors still print. Set before any benchmark imports distributed, and through the
+    environment, so spawned workers and ranks read it too."""
+    import logging
+    import os
+
+    os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
+    for name in ("distributed", "werkzeug"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes: under 5 minutes on 2 cores")
     parser.add_argument("--only", nargs="+", metavar="NAME", choices=BENCHMARKS)
     parser.add_argument("--json", metavar="PATH", help="write the figures as one JSON object")
     args = parser.parse_args(argv)
+    _quiet_logs()
 
     figures: dict = {}
     not_measured: dict[str, str] = {}

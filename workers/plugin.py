@@ -37,6 +37,14 @@ class MdataWorkerPlugin(WorkerPlugin):
         worker.handlers[SetRoleRequest.handler.value] = serve(SetRoleRequest, make_set_role_handler(worker))
 
     def teardown(self, worker) -> None:
+        from distributed.core import Status
+
+        if worker.status in (Status.closing, Status.closing_gracefully, Status.closed):
+            # The worker is shutting down but still answers comms until it has closed: a
+            # constructor finishing a batch or the Planner's storage poll may still ask it, and a
+            # handler removed now makes Dask log a KeyError traceback for each such request.
+            # Its handlers go with the worker; only a plugin removed from a live worker drops them.
+            return
         for request in (TakeRowsRequest, TakeRowsManyRequest, GetBatchRequest, StorageWaitsRequest,
                         SetRoleRequest):
             worker.handlers.pop(request.handler.value, None)

@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from fixtures_cli import printed_lines
 
 from mdata.driver import submit_job
 from mdata.trainer import Loader
@@ -121,15 +122,4 @@ def stop(proc: subprocess.Popen) -> None:
     log = proc.log.read()
     proc.log.close()
     assert "Traceback" not in log, log[-6000:]
-
-
-def printed_lines(proc: subprocess.Popen) -> dict[str, str]:
-    """What ``mdata cluster up`` printed until it waits (``key: value`` per line)."""
-    lines = {}
-    for line in proc.stdout:
-        key, _, value = line.partition(": ")
-        lines[key] = value.strip()
-        if line.startswith("press Ctrl-C"):
-            break
-    return lines
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from fixtures_cli import printed_lines
 from fixtures_layout import image_heavy_plan, rate_for
 from mdata.pool_layout import layout_for_plan
 from mdata.profile import Profile
@@ -51,12 +52,7 @@ def test_profile_then_cluster_up_with_the_profile(tmp_path):
                              "--port", "0", "--dashboard-address", "127.0.0.1:0"],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
-        lines = {}
-        for line in proc.stdout:
-            key, _, value = line.partition(": ")
-            lines[key] = value.strip()
-            if line.startswith("press Ctrl-C"):
-                break
+        lines = printed_lines(proc)
         text = expected.pool_of("notes")
         assert lines["pools"] == ", ".join(f"{p.name}={list(p.sources)} ({p.workers}x{p.threads})"
                                            for p in expected.pools)
