@@ -7,6 +7,8 @@ worker its pool resources (``--resources pool_<source>=N``) is enough to make it
 
 from __future__ import annotations
 
+import logging
+
 from distributed.diagnostics.plugin import WorkerPlugin
 
 import mdata.wire.frames  # noqa: F401  registers the batch wire format on this worker
@@ -19,6 +21,31 @@ from workers.loader import make_take_rows_handler, make_take_rows_many_handler, 
 from workers.standby import make_set_role_handler
 
 PLUGIN_NAME = "mdata-worker"
+HEARTBEAT_FAILED = "Failed to communicate with scheduler during heartbeat"
+
+
+class HeartbeatTracebackFilter(logging.Filter):
+    """Logs a failed worker heartbeat on one line, with its exception's text, without the
+    traceback.
+
+    The failure is a closed connection (an ``OSError``), and its traceback says nothing more. It
+    happens in every cluster shutdown where the scheduler drops a worker while that worker's
+    heartbeat is in flight, a race in Dask itself, and it printed a two-part traceback into the
+    output of otherwise clean shutdowns. A real outage still logs the line, once per heartbeat.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and str(record.msg).startswith(HEARTBEAT_FAILED):
+            exc = record.exc_info[1]
+            record.msg = f"{record.msg} ({type(exc).__name__}: {exc})"
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def _install_heartbeat_filter() -> None:
+    log = logging.getLogger("distributed.worker")
+    if not any(isinstance(f, HeartbeatTracebackFilter) for f in log.filters):
+        log.addFilter(HeartbeatTracebackFilter())
 
 
 class MdataWorkerPlugin(WorkerPlugin):
@@ -29,6 +56,7 @@ class MdataWorkerPlugin(WorkerPlugin):
     name = PLUGIN_NAME
 
     def setup(self, worker) -> None:
+        _install_heartbeat_filter()
         worker.handlers[TakeRowsRequest.handler.value] = serve(TakeRowsRequest, make_take_rows_handler(worker))
         worker.handlers[TakeRowsManyRequest.handler.value] = serve(
             TakeRowsManyRequest, make_take_rows_many_handler(worker))
