@@ -168,20 +168,7 @@ class MdataCluster:
         if self.autoscaler is not None:
             self.autoscaler.stop()  # before the jobs close: it asks them for targets
         self._close_jobs()
-        self._close_workers()
         self.cluster.close()
-
-    def _close_workers(self) -> None:
-        """Retire and close the workers while the scheduler still runs: closed together, a
-        worker's heartbeat in flight meets a closed scheduler and Dask logs it as an error with
-        its traceback."""
-        if getattr(self.cluster, "status", None) is None or self.cluster.status.name != "running":
-            return
-        self.cluster.worker_spec.clear()
-        try:
-            self.cluster.sync(self.cluster._correct_state)
-        except OSError:  # the scheduler is gone already: cluster.close() closes what is left
-            pass
 
     def _close_jobs(self) -> None:
         from mdata.wire.messages import CloseJobRequest, JobsRequest, ask
