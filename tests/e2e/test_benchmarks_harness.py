@@ -7,23 +7,13 @@ here; what is asserted is the shape of the report and properties that hold on an
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from fixtures_cli import quick_benchmarks
 
 
 def test_quick_run_reports_mixture_and_balance_figures(tmp_path: Path) -> None:
-    out = tmp_path / "figures.json"
-    proc = subprocess.run(
-        [sys.executable, "benchmarks/run.py", "--quick", "--only", "mixture", "balance",
-         "--json", str(out)],
-        cwd=REPO, capture_output=True, text=True, timeout=280,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    figures = json.loads(out.read_text())
+    proc, figures = quick_benchmarks(tmp_path, "mixture", "balance", timeout=280)
     assert figures["_quick"] is True
     assert figures["_not_measured"] == {}
 
@@ -49,13 +39,7 @@ def test_quick_run_reports_mixture_and_balance_figures(tmp_path: Path) -> None:
 def test_quick_run_reports_end_to_end_figures(tmp_path: Path) -> None:
     """``--only e2e --quick``: both systems ran in processes, the at-scale simulation reported,
     and the ratio's breakdown multiplies back to the ratio."""
-    out = tmp_path / "figures.json"
-    proc = subprocess.run(
-        [sys.executable, "benchmarks/run.py", "--quick", "--only", "e2e", "--json", str(out)],
-        cwd=REPO, capture_output=True, text=True, timeout=180,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    figures = json.loads(out.read_text())
+    proc, figures = quick_benchmarks(tmp_path, "e2e", timeout=180)
     assert figures["_not_measured"] == {}
     for name in ("e2e.tokens_per_s", "e2e.tokens_per_s.baseline", "e2e.tokens_per_s.ratio"):
         assert isinstance(figures[name], float) and figures[name] > 0, name

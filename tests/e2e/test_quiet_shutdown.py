@@ -8,26 +8,16 @@ test_cluster_up.py.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from fixtures_cli import quick_benchmarks
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(400)]
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 def test_a_quick_throughput_run_shuts_down_without_tracebacks(tmp_path: Path) -> None:
-    out = tmp_path / "figures.json"
-    proc = subprocess.run(
-        [sys.executable, "benchmarks/run.py", "--quick", "--only", "throughput", "--json", str(out)],
-        cwd=REPO, capture_output=True, text=True, timeout=380,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    figures = json.loads(out.read_text())
+    proc, figures = quick_benchmarks(tmp_path, "throughput", timeout=380)
     assert figures["_not_measured"] == {} and figures["throughput.samples_per_core"] > 0
     assert "Traceback" not in proc.stderr, proc.stderr[-6000:]
     assert "Failed to reconnect" not in proc.stderr, proc.stderr[-6000:]
