@@ -42,7 +42,7 @@ from scheduler_plugins.request_checks import (
 from scheduler_plugins.standbys import StandbyKeeper
 from scheduler_plugins.storage_poll import StoragePoller
 from workers.loader import as_key, list_shards_task
-from workers.plugin import PLUGIN_NAME, MdataWorkerPlugin
+from workers.plugin import PLUGIN_NAME, MdataWorkerPlugin, install_closed_comm_filter
 
 logger = logging.getLogger("mdata.planner")
 
@@ -78,6 +78,7 @@ class PlannerPlugin(SchedulerPlugin):
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self, scheduler) -> None:
         self.scheduler = scheduler
+        install_closed_comm_filter("distributed.batched")  # the scheduler's streams to workers
         self._client_lock = asyncio.Lock()
         self.standbys = StandbyKeeper(scheduler, self.client)
         for address in list(scheduler.workers):  # workers that registered before the Planner

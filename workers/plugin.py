@@ -21,31 +21,34 @@ from workers.loader import make_take_rows_handler, make_take_rows_many_handler, 
 from workers.standby import make_set_role_handler
 
 PLUGIN_NAME = "mdata-worker"
-HEARTBEAT_FAILED = "Failed to communicate with scheduler during heartbeat"
+#: Log lines Dask writes with a traceback when a connection it was using has closed: a worker's
+#: heartbeat in flight when the scheduler drops it, and the scheduler's stream to a worker that
+#: closed first. Both are races in Dask's own shutdown.
+CLOSED_COMM_LINES = ("Failed to communicate with scheduler during heartbeat", "Batched Comm Closed")
 
 
-class HeartbeatTracebackFilter(logging.Filter):
-    """Logs a failed worker heartbeat on one line, with its exception's text, without the
-    traceback.
+class ClosedCommTracebackFilter(logging.Filter):
+    """Logs a closed connection's line once, with its exception's text, without the traceback.
 
     The failure is a closed connection (an ``OSError``), and its traceback says nothing more. It
-    happens in every cluster shutdown where the scheduler drops a worker while that worker's
-    heartbeat is in flight, a race in Dask itself, and it printed a two-part traceback into the
-    output of otherwise clean shutdowns. A real outage still logs the line, once per heartbeat.
+    happens in cluster shutdowns, a race in Dask itself, and it printed a two-part traceback into
+    the output of otherwise clean shutdowns. A real outage still logs the line each time.
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and str(record.msg).startswith(HEARTBEAT_FAILED):
-            exc = record.exc_info[1]
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, OSError) and str(record.msg).startswith(CLOSED_COMM_LINES):
             record.msg = f"{record.msg} ({type(exc).__name__}: {exc})"
             record.exc_info, record.exc_text = None, None
         return True
 
 
-def _install_heartbeat_filter() -> None:
-    log = logging.getLogger("distributed.worker")
-    if not any(isinstance(f, HeartbeatTracebackFilter) for f in log.filters):
-        log.addFilter(HeartbeatTracebackFilter())
+def install_closed_comm_filter(*loggers: str) -> None:
+    """Add :class:`ClosedCommTracebackFilter` to Dask's ``loggers`` (once each)."""
+    for name in loggers:
+        log = logging.getLogger(name)
+        if not any(isinstance(f, ClosedCommTracebackFilter) for f in log.filters):
+            log.addFilter(ClosedCommTracebackFilter())
 
 
 class MdataWorkerPlugin(WorkerPlugin):
@@ -56,7 +59,7 @@ class MdataWorkerPlugin(WorkerPlugin):
     name = PLUGIN_NAME
 
     def setup(self, worker) -> None:
-        _install_heartbeat_filter()
+        install_closed_comm_filter("distributed.worker", "distributed.batched")
         worker.handlers[TakeRowsRequest.handler.value] = serve(TakeRowsRequest, make_take_rows_handler(worker))
         worker.handlers[TakeRowsManyRequest.handler.value] = serve(
             TakeRowsManyRequest, make_take_rows_many_handler(worker))
