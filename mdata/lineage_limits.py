@@ -75,7 +75,7 @@ class SpillLimits:
     """The bounds of one job's spilled lineage (None: unbounded). See the module docstring."""
 
     pending_bytes: int | None = 1 << 30
-    retries: int | None = 10
+    retries: int | None = 15
     keep_steps: int | None = None
     keep_bytes: int | None = 4 << 30
     retry_initial_s: float = 0.5

@@ -78,7 +78,7 @@ def test_gaps_merge_and_say_which_lineage_is_unavailable_and_why():
     later.add(100, 150, WRITE_FAILED, "x")
     later.add(300, 400, RETENTION)
     assert later.describe(SpillLimits(keep_steps=7, keep_bytes=None)).startswith(
-        "lineage of steps 100-149, 300-399 unavailable (writing it failed 10 time(s)")
+        "lineage of steps 100-149, 300-399 unavailable (writing it failed 15 time(s)")
     assert "deleted by retention (lineage-spill-keep-steps 7)" in later.describe(
         SpillLimits(keep_steps=7, keep_bytes=None))
     with pytest.raises(ValueError, match="unknown lineage gap reason"):
@@ -91,6 +91,9 @@ def test_limits_come_from_the_configuration_with_errors_naming_the_key():
     limits = SpillLimits.from_config(conf.get, parse_bytes)
     assert (limits.pending_bytes, limits.retries, limits.keep_steps, limits.keep_bytes) == \
            (2 << 20, 3, None, None)
+    from mdata import config  # mdata.yaml's defaults are the class's defaults
+
+    assert SpillLimits.from_config(lambda key: config.get(f"planner.{key}"), parse_bytes) == SpillLimits()
     with pytest.raises(MdataError, match="lineage-spill-keep-bytes"):
         SpillLimits.from_config({**conf, "lineage-spill-keep-bytes": "lots"}.get, parse_bytes)
     with pytest.raises(MdataError, match="lineage-spill-retries must be >= 0"):
