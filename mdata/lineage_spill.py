@@ -237,13 +237,16 @@ class SpillRange:
         return pa.concat_tables(parts) if parts else _schema(table).empty_table()
 
     def nbytes(self) -> int:
-        """Memory held: the segment (and its tables) while pending, only footers once written."""
-        with self._lock:
-            seg, tables = self._segment, self._converted
-        if seg is None:
-            return 0
+        """Memory held: the segment, or its tables once built, while pending; 0 once written.
+
+        Lock-free (the writer holds the range's lock while it builds the tables, a reader while it
+        reads a footer from storage): callers on the event loop must not wait on either. The
+        tables are set before the segment is let go, so any moment reads a sensible figure."""
+        seg, tables = self._segment, self._converted
         if tables is not None:
             return sum(t.nbytes for t in tables.values())
+        if seg is None or seg is _CONVERTED:  # written or discarded meanwhile
+            return 0
         cols = [*seg.samples.values(), *seg.loads.values(), *seg.rank_events.values(), *seg.skips.values()]
         return sum(c.nbytes for c in cols)
 

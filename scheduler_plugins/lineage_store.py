@@ -135,11 +135,9 @@ class LineageStore:
         for rng in self.limits.over_pending(pending, busy=self._busy):
             if rng is new:
                 kept = False
-                self.gaps.add(rng.first_step, rng.stop_step, PENDING_CAP, detail)
-                rng.discard()
             else:
                 self._queue.remove(rng)
-                self._let_go(rng, PENDING_CAP, detail)
+            self._let_go(rng, PENDING_CAP, detail)
         return kept
 
     def _let_go(self, rng: SpillRange, reason: str, detail: str) -> None:
