@@ -52,6 +52,7 @@ __all__ = ["SpillRange", "SpilledLineage", "StoryQuery", "TABLES"]
 TABLES = ("samples", "loads", "ranks", "skips")
 ROW_GROUP_ROWS = 1 << 16
 _NAME = re.compile(r"^(\d{6,})-steps-(\d{12,})-(\d{12,})\.(samples|loads|ranks|skips)\.parquet$")
+_CONVERTED = object()  # a pending range's segment once its tables were built (see SpillRange._tables)
 _SORT = {"samples": ("source_index", "shard", "row"), "loads": ("source_index", "chunk_id"),
          "ranks": ("step", "dp_rank"), "skips": ("step",)}
 
@@ -107,7 +108,8 @@ class SpillRange:
 
     Reads work in either state; :meth:`write` swaps the tables for the files, whose footers are
     read once and cached. Immutable apart from that swap, so a reader may hold a range
-    while another thread writes it.
+    while another thread writes it. A range the store let go (:meth:`discard`: a bound of
+    :mod:`mdata.lineage_limits` reached) frees its memory and reads as empty.
     """
 
     def __init__(self, index: int, first_step: int, stop_step: int, *,
@@ -120,6 +122,8 @@ class SpillRange:
         self._pa_fs: pafs.FileSystem | None = None
         self._metadata: dict[str, pq.FileMetaData] = {}
         self._lock = threading.Lock()
+        self.discarded = False
+        self.file_nbytes = 0
 
     @classmethod
     def of(cls, index: int, segment: LineageSegment) -> "SpillRange":
@@ -139,6 +143,8 @@ class SpillRange:
                                    "loads": _arrow_table("loads", seg.loads),
                                    "ranks": _arrow_table("ranks", seg.rank_events),
                                    "skips": _arrow_table("skips", seg.skips)}
+                # the tables hold it all now: let the segment's arrays go (memory once, not twice)
+                self._segment = _CONVERTED
             return self._converted
 
     @property
@@ -147,7 +153,7 @@ class SpillRange:
 
     @property
     def written(self) -> bool:
-        return self._segment is None
+        return self._segment is None and not self.discarded
 
     def path(self, table: str, root: str | None = None) -> str:
         return f"{(root or self._root).rstrip('/')}/{self.stem}.{table}.parquet"
@@ -162,9 +168,12 @@ class SpillRange:
         if tables is None:
             return
         fs.makedirs(root, exist_ok=True)
+        size = 0
         for table in ("loads", "ranks", "skips", "samples"):
             with fs.open(self.path(table, root), "wb") as f:
                 pq.write_table(tables[table], f, row_group_size=ROW_GROUP_ROWS, compression="zstd")
+                size += f.tell()
+        self.file_nbytes = size  # what retention's byte budget counts
         with self._lock:
             self._fs, self._root, self._segment, self._converted = fs, root, None, None
 
@@ -183,8 +192,26 @@ class SpillRange:
                     md = self._metadata[table] = pq.ParquetFile(f).metadata
             return md
 
+    def discard(self) -> None:
+        """Forget this range (dropped before it was written, or its files deleted by retention):
+        its memory goes at once, even while a story holds the range, and it reads as empty."""
+        with self._lock:
+            self.discarded = True
+            self._segment, self._converted, self._metadata = None, None, {}
+
     def read(self, table: str, equal: Mapping[str, int], isin: tuple[str, Sequence[int]] | None = None
              ) -> pa.Table:
+        if self.discarded:
+            return _schema(table).empty_table()
+        try:
+            return self._read(table, equal, isin)
+        except OSError:
+            if self.discarded:  # retention deleted the files while this story read them
+                return _schema(table).empty_table()
+            raise
+
+    def _read(self, table: str, equal: Mapping[str, int], isin: tuple[str, Sequence[int]] | None = None
+              ) -> pa.Table:
         """The rows of ``table`` whose columns equal ``equal`` (and whose ``isin[0]`` is one of
         ``isin[1]``). Row groups whose statistics exclude the values are not read; of the others
         only the key columns are, and the whole rows only where a predicate matched."""
@@ -210,13 +237,18 @@ class SpillRange:
         return pa.concat_tables(parts) if parts else _schema(table).empty_table()
 
     def nbytes(self) -> int:
-        """Memory held: the segment (and its tables) while pending, only footers once written."""
-        with self._lock:
-            seg, tables = self._segment, self._converted
-        if seg is None:
+        """Memory held: the segment, or its tables once built, while pending; 0 once written.
+
+        Lock-free (the writer holds the range's lock while it builds the tables, a reader while it
+        reads a footer from storage): callers on the event loop must not wait on either. The
+        tables are set before the segment is let go, so any moment reads a sensible figure."""
+        seg, tables = self._segment, self._converted
+        if tables is not None:
+            return sum(t.nbytes for t in tables.values())
+        if seg is None or seg is _CONVERTED:  # written or discarded meanwhile
             return 0
         cols = [*seg.samples.values(), *seg.loads.values(), *seg.rank_events.values(), *seg.skips.values()]
-        return sum(c.nbytes for c in cols) + (sum(t.nbytes for t in tables.values()) if tables else 0)
+        return sum(c.nbytes for c in cols)
 
 
 class SpilledLineage:
@@ -243,6 +275,12 @@ class SpilledLineage:
     def add(self, rng: SpillRange) -> None:
         with self._lock:
             self._ranges.append(rng)
+
+    def remove(self, rng: SpillRange) -> None:
+        """Let ``rng`` go (see :meth:`SpillRange.discard`); stories asked from now on skip it."""
+        with self._lock:
+            self._ranges = [r for r in self._ranges if r is not rng]
+        rng.discard()
 
     def ranges(self) -> tuple[SpillRange, ...]:
         with self._lock:

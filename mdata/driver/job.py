@@ -175,7 +175,9 @@ class JobHandle:
         ``pool_targets``: the Planner's latest :class:`~mdata.wire.pools.PoolDecision` per
         source, as dicts; ``autoscaler``: the cluster's pool autoscaler as it last reported
         (``running``, ``errors`` it survived, ``last_error``, ``workers`` per pool, ``applied``
-        decisions)."""
+        decisions); ``lineage``: the spilled lineage (``pending_bytes`` under ``pending_limit``,
+        ``failures``, ``last_error``) and, in ``unavailable`` and ``note``, which steps' lineage
+        was let go and why (docs/troubleshooting.md)."""
         return self._ask(StatusRequest(self.job)).to_msg()
 
     def storage_waits(self) -> dict[str, dict[str, Any]]:

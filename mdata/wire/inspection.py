@@ -19,6 +19,7 @@ from mdata.wire.codec import (
     Handler, Message, Reader, check_dict, check_float, check_int, check_mapping, check_str,
 )
 from mdata.wire.jobs import JobRequest
+from mdata.wire.lineage_status import LineageSpillInfo
 from mdata.wire.pools import PoolDecision, ScalerStatus, read_decision, read_scaler
 from mdata.wire.storage import StorageWaitInfo, read_storage_wait
 
@@ -61,7 +62,8 @@ class StatusReply(Message):
     ``storage_waits``: the job's sources whose loads wait on unreachable storage right now (empty
     while storage answers), as the Planner last heard from the loader workers, and
     ``autoscaler``: the cluster's pool autoscaler as it last reported (``running`` False and no
-    errors when none runs)."""
+    errors when none runs); ``lineage``: the spilled lineage, and which steps' lineage is
+    unavailable (:class:`~mdata.wire.lineage_status.LineageSpillInfo`)."""
 
     job: str
     failure: str | None
@@ -75,6 +77,7 @@ class StatusReply(Message):
     counters: StatusCounters
     storage_waits: Mapping[str, StorageWaitInfo] = field(default_factory=dict)
     autoscaler: ScalerStatus = field(default_factory=ScalerStatus)
+    lineage: LineageSpillInfo = field(default_factory=LineageSpillInfo)
 
     def to_msg(self) -> dict[str, Any]:
         return {
@@ -90,6 +93,7 @@ class StatusReply(Message):
             "counters": self.counters.to_msg(),
             "storage_waits": {k: v.to_msg() for k, v in self.storage_waits.items()},
             "autoscaler": self.autoscaler.to_msg(),
+            "lineage": self.lineage.to_msg(),
         }
 
     @classmethod
@@ -108,6 +112,7 @@ class StatusReply(Message):
             counters=StatusCounters.from_msg(r.raw("counters")),
             storage_waits=r.mapping("storage_waits", read_storage_wait),
             autoscaler=read_scaler(r.raw("autoscaler", ScalerStatus().to_msg()), r, "autoscaler"),
+            lineage=LineageSpillInfo.from_msg(r.raw("lineage", LineageSpillInfo().to_msg())),
         )
         r.done()
         return out

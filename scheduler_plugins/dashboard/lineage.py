@@ -7,7 +7,10 @@ Planner's planning thread while the job's lock is held, so a refresh that finds 
 the previous table and tries again at the next tick rather than read a step half recorded. Lineage
 older than the DGraph's retention was spilled to files (:mod:`scheduler_plugins.lineage_store`):
 a story that needs them is read in a thread, and the refresh after it finished shows it, so the
-scheduler's event loop never waits on storage.
+scheduler's event loop never waits on storage. When some of that lineage was let go (storage
+failing past its retries or the pending cap, or retention), a line above the table says which steps
+and why (:meth:`~scheduler_plugins.lineage_store.LineageStore.note`): a story of a sample planned
+there lacks those occurrences.
 """
 
 from __future__ import annotations
@@ -62,12 +65,15 @@ class LineagePanel:
         )
         self.message = Div()
         self.result = Div()
-        self.root = column(row(self.jobs.widget, self.message), row(self.input, self.result),
-                           self.table, **kwargs)
+        self.unavailable = Div(name="mdata-lineage-unavailable")  # lineage let go, if any
+        self.root = column(row(self.jobs.widget, self.message), self.unavailable,
+                           row(self.input, self.result), self.table, **kwargs)
 
     def update(self) -> None:
         runtime = self.jobs.current()
         self.message.text = job_message(self.scheduler, runtime)
+        note = runtime.lineage.note() if runtime is not None and runtime.lineage is not None else ""
+        self.unavailable.text = f"<b>{note}</b>" if note else ""
         if runtime is None:
             self.source.data = {c: [] for c in STORY_COLUMNS}
             return

@@ -105,8 +105,9 @@ class StoryHandler(_JSONHandler):
             self.fail(404, str(exc))
             return
         rows = figures.story_table(occurrences)
+        note = runtime.lineage.note() if runtime.lineage is not None else ""
         self.write_json({"job": job, "sample_id": sample_id, "columns": list(figures.STORY_COLUMNS),
-                         "rows": rows})
+                         "rows": rows, "lineage_unavailable": note})
 
 
 _NAME = r"([^/]+)"

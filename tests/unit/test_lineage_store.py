@@ -10,6 +10,7 @@ import uuid
 import dask
 import pytest
 
+from mdata.lineage_limits import SpillLimits
 from mdata.lineage_spill import SpilledLineage, StoryQuery
 from mdata.planner import PlannerState
 from planner_driver import Driver
@@ -62,7 +63,7 @@ def test_a_store_writes_in_its_thread_and_tells_whole_stories(tmp_path):
 
 
 def test_a_failing_storage_keeps_the_range_in_memory_and_retries(tmp_path, monkeypatch):
-    store = LineageStore(f"file://{tmp_path}/run")
+    store = LineageStore(f"file://{tmp_path}/run", limits=SpillLimits(retry_initial_s=0.01, retry_max_s=0.05))
     meta, plan = _meta(), _plan()
     calls = {"n": 0}
     real_open = store.fs.open
@@ -74,11 +75,11 @@ def test_a_failing_storage_keeps_the_range_in_memory_and_retries(tmp_path, monke
         return real_open(path, mode, **kw)
 
     monkeypatch.setattr(store.fs, "open", flaky_open)
-    monkeypatch.setattr("scheduler_plugins.lineage_store._RETRY_MAX_S", 0.05)
     kept = PlannerState(plan, meta, lineage_steps=8, lineage_sink=store.spill)
     Driver(kept, meta).run(20)
     assert store.flush(timeout=30)
     assert store.failures == 2 and all(r.written for r in store.ranges())
+    assert store.info().note == "" and store.info().unavailable == ()  # retried, nothing lost
     store.close()
     assert (tmp_path / "run").exists()  # not scratch: the files stay
 
