@@ -175,7 +175,8 @@ class JobHandle:
         ``pool_targets``: the Planner's latest :class:`~mdata.wire.pools.PoolDecision` per
         source, as dicts; ``autoscaler``: the cluster's pool autoscaler as it last reported
         (``running``, ``errors`` it survived, ``last_error``, ``workers`` per pool, ``applied``
-        decisions)."""
+        decisions); ``recoveries``: what faults cost the job so far (``chunks_reloaded``,
+        ``batches_rebuilt``, ``storage_outages``)."""
         return self._ask(StatusRequest(self.job)).to_msg()
 
     def storage_waits(self) -> dict[str, dict[str, Any]]:
