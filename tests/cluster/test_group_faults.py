@@ -164,6 +164,8 @@ def test_a_worker_killed_between_the_ranks_of_a_group_loses_and_repeats_nothing(
     client.wait_for_workers(2, timeout=60)  # a worker killed by the previous case is back
     submit_job(client, plan, job=ref_job)
     reference = Ranks(client, ref_job).join()
+    # without a fault nothing is counted: the counts below tell a recovery from a quiet run
+    assert set(client.sync(client.scheduler.mdata_status, job=ref_job)["recoveries"].values()) == {0}
     client.sync(client.scheduler.mdata_close_job, job=ref_job)
     assert all(len(reference[r]) == STEPS for r in reference)
 
