@@ -97,7 +97,11 @@ class Ranks:
                         for r in range(MESH.world_size)]
         for t in self.threads:
             t.start()
-        self.attached.wait(TIMEOUT)
+        try:
+            self.attached.wait(TIMEOUT)
+        except threading.BrokenBarrierError:
+            self.join()  # raises the rank's own error
+            raise
 
     def _run(self, client, job: str, rank: int, held: bool) -> None:
         try:
