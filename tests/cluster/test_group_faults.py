@@ -10,6 +10,7 @@ only loader) is killed (kill -9 of the real worker process), its nanny starts an
 held ranks are let go, and every rank must receive exactly what an uninterrupted run of the same
 plan gives it (step, sample ids and a hash of its tokens, or the rank it gets the batch from by
 broadcast), while the job's status counts the recovery (batches built again, chunks reloaded).
+The same mesh resumed live from a checkpoint (every rank restarted) is checked the same way.
 """
 
 from __future__ import annotations
@@ -86,10 +87,15 @@ def group_cluster(example_sources_small):
 
 class Ranks:
     """Every rank of one job in a thread; a rank in ``held`` attaches, then waits for
-    :meth:`release` before it asks for its first batch (the hook between attach and fetch)."""
+    :meth:`release` before it asks for its first batch (the hook between attach and fetch).
+    ``checkpoints`` (rank -> state_dict) resumes the ranks; ``save_at``: each rank's
+    ``state_dict()`` once it took that many batches goes to ``states``."""
 
-    def __init__(self, client, job: str, held=()) -> None:
+    def __init__(self, client, job: str, held=(), *, steps: int = STEPS,
+                 checkpoints: dict | None = None, save_at: int | None = None) -> None:
         self.got: dict[int, list] = {r: [] for r in range(MESH.world_size)}
+        self.steps, self.checkpoints, self.save_at = steps, checkpoints, save_at
+        self.states: dict[int, dict] = {}
         self.errors: list[BaseException] = []
         self.go = threading.Event()
         self.attached = threading.Barrier(MESH.world_size + 1)
@@ -105,14 +111,18 @@ class Ranks:
 
     def _run(self, client, job: str, rank: int, held: bool) -> None:
         try:
-            with Loader(client, job=job, rank=rank, world_size=MESH.world_size, steps=STEPS,
-                        timeout=TIMEOUT) as loader:
+            checkpoint = None if self.checkpoints is None else self.checkpoints[rank]
+            with Loader(client, job=job, rank=rank, world_size=MESH.world_size, steps=self.steps,
+                        timeout=TIMEOUT, checkpoint=checkpoint) as loader:
                 loader.attach()
                 self.attached.wait(TIMEOUT)
                 if held and not self.go.wait(TIMEOUT):
                     raise AssertionError(f"rank {rank} was never released")
                 for batch in loader:
                     self.got[rank].append(received(batch))
+                    if len(self.got[rank]) == self.save_at:
+                        loader.mark_consumed()  # the training step is done before it checkpoints
+                        self.states[rank] = loader.state_dict()
                 loader.mark_consumed()
         except BaseException as exc:  # noqa: BLE001 - raised in the test thread by join()
             self.errors.append(exc)
@@ -195,3 +205,30 @@ def test_a_worker_killed_between_the_ranks_of_a_group_loses_and_repeats_nothing(
     assert status["recoveries"][recovery] >= (FETCHED + 1 if fault == "constructor" else 1), \
         status["recoveries"]
     client.sync(client.scheduler.mdata_close_job, job=job)
+
+
+def test_every_rank_of_the_mesh_resumed_live_from_a_checkpoint_gets_the_uninterrupted_sequence(
+        group_cluster):
+    """Every rank (receivers and broadcast ranks alike) checkpoints after step 1, trains on to
+    step 3, and all restart from that checkpoint on the live job: the job rewinds to step 2 and
+    each rank's sequence (checkpointed steps, then the restarted ones) is the uninterrupted one."""
+    client, sources = group_cluster
+    plan = make_plan(sources, "tp")
+    client.wait_for_workers(2, timeout=60)
+    submit_job(client, plan, job="group-resume-ref")
+    reference = Ranks(client, "group-resume-ref").join()
+    client.sync(client.scheduler.mdata_close_job, job="group-resume-ref")
+
+    submit_job(client, plan, job="group-resume")
+    first = Ranks(client, "group-resume", steps=4, save_at=2)
+    before = first.join()
+    assert set(first.states) == set(range(MESH.world_size))
+    assert {s["next_step"] for s in first.states.values()} == {2}
+    resumed = Ranks(client, "group-resume", steps=STEPS - 2, checkpoints=first.states).join()
+    for rank in range(MESH.world_size):
+        assert [r[0] for r in before[rank]] == [0, 1, 2, 3]
+        # the rewind happened: steps 2 and 3 were served again, from the checkpoint's step on
+        assert [r[0] for r in resumed[rank]] == list(range(2, STEPS)), rank
+        assert before[rank][:2] + resumed[rank] == reference[rank], (rank, MESH.coordinate(rank))
+    assert client.sync(client.scheduler.mdata_status, job="group-resume")["failure"] is None
+    client.sync(client.scheduler.mdata_close_job, job="group-resume")
