@@ -38,6 +38,7 @@ from mdata.planner.roster import Holder, TrainerRoster
 from mdata.wire.messages import AttachReply, AttachRequest
 from scheduler_plugins.lineage_store import LineageStore
 from scheduler_plugins.planner_view import PlannerView
+from scheduler_plugins.recoveries import RecoveryTally
 from workers.constructor import construct_task
 from workers.loader import chunk_summary_task, load_chunk_task
 
@@ -118,6 +119,7 @@ class JobRuntime:
         self.trainer_meter = TrainerMeter()
         # this job's sources waiting on storage, set by the Planner's poll (storage_poll.py)
         self.storage_waits: dict[str, SourceStorageWait] = {}
+        self.recoveries = RecoveryTally()  # what faults cost the job: the status's recoveries
         self._tasks: set[asyncio.Task] = set()
         self._closed = False
         self._pending: list = []  # acknowledgements waiting for the Planner (see _handle_coalesced)
@@ -232,12 +234,15 @@ class JobRuntime:
         return sum(1 for ws in self.scheduler.workers.values() if ws.resources.get(resource, 0) > 0)
 
     def worker_lost(self, address: str) -> None:
+        self.recoveries.worker_lost(self.scheduler, address, [f.key for f in self.batch_futures.values()])
         self._spawn(self.handle(ps.WorkerLost(worker=address, stimulus_id=f"lost-{address}")))
 
     # -- instructions out ------------------------------------------------------------------------
     def _load_chunk(self, ins: "ps.LoadChunk") -> None:
         chunk = ins.chunk
         source = self.sources[chunk.source]
+        if ins.reload:
+            self.recoveries.chunk_reloaded()
         resources = {pool_resource(chunk.source): 1}
         fut = self.client.submit(
             load_chunk_task, source, chunk.shard, chunk.start, chunk.stop,
@@ -572,6 +577,7 @@ class JobRuntime:
                            for name, wait in self.storage_waits.items()},
             **({} if self.scaler_status is None else {"autoscaler": self.scaler_status}),
             **({} if self.lineage is None else {"lineage": self.lineage.info()}),
+            recoveries=self.recoveries.counts(),
         )
 
     # -- lifecycle -------------------------------------------------------------------------------

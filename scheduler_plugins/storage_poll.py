@@ -92,8 +92,9 @@ class StoragePoller:
                              if a in current and now - t <= keep}
             self.merged = merge_storage_waits({a: w for a, (_, w) in self._answers.items()})
             for runtime in list(jobs.values()):
-                runtime.storage_waits = {name: wait for name, wait in self.merged.items()
-                                         if name in runtime.sources}
+                waits = {name: wait for name, wait in self.merged.items() if name in runtime.sources}
+                runtime.recoveries.storage_waits(runtime.storage_waits, waits)
+                runtime.storage_waits = waits
         except Exception:  # never let the poll's failure surface as an unretrieved task error
             logger.exception("mdata: polling loader workers for storage waits failed")
         return self.merged

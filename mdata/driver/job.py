@@ -177,7 +177,9 @@ class JobHandle:
         (``running``, ``errors`` it survived, ``last_error``, ``workers`` per pool, ``applied``
         decisions); ``lineage``: the spilled lineage (``pending_bytes`` under ``pending_limit``,
         ``failures``, ``last_error``) and, in ``unavailable`` and ``note``, which steps' lineage
-        was let go and why (docs/troubleshooting.md)."""
+        was let go and why (docs/troubleshooting.md);
+        ``recoveries``: what faults cost the job so far (``chunks_reloaded``,
+        ``batches_rebuilt``, ``storage_outages``)."""
         return self._ask(StatusRequest(self.job)).to_msg()
 
     def storage_waits(self) -> dict[str, dict[str, Any]]:

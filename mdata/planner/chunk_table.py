@@ -290,7 +290,7 @@ class ChunkTable:
             c.worker = None
             # the cost features stay valid (a reload reads the same rows), so planning goes on;
             # the constructor waits on the reloaded task
-            out.append(LoadChunk(c.ref, stimulus_id=sid))
+            out.append(LoadChunk(c.ref, reload=True, stimulus_id=sid))
 
     # -- cost features -------------------------------------------------------------------------
     def gather(self, src: np.ndarray, row: np.ndarray, chunk: np.ndarray):

@@ -33,9 +33,11 @@ class Instruction:
 
 @dataclass(frozen=True)
 class LoadChunk(Instruction):
-    """Load this chunk on its source's pool (task key ``chunk.key``)."""
+    """Load this chunk on its source's pool (task key ``chunk.key``); ``reload``: again, because
+    the worker holding it was lost and a planned step still needs it (counted in the status)."""
 
     chunk: ChunkRef
+    reload: bool = False
 
 
 @dataclass(frozen=True)

@@ -60,10 +60,14 @@ class StatusReply(Message):
     """A snapshot of one job: per-step summaries (``steps``, keyed by the step as a string),
     counters, pool targets, per-rank consumption and wait, ``failure`` (None while healthy),
     ``storage_waits``: the job's sources whose loads wait on unreachable storage right now (empty
-    while storage answers), as the Planner last heard from the loader workers, and
+    while storage answers), as the Planner last heard from the loader workers,
     ``autoscaler``: the cluster's pool autoscaler as it last reported (``running`` False and no
     errors when none runs); ``lineage``: the spilled lineage, and which steps' lineage is
-    unavailable (:class:`~mdata.wire.lineage_status.LineageSpillInfo`)."""
+    unavailable (:class:`~mdata.wire.lineage_status.LineageSpillInfo`);
+    ``recoveries``: what faults cost the job so far, so a recovery
+    can be seen and not only inferred from its output (``chunks_reloaded``: chunks loaded again
+    because their loader was lost while a step still needed them; ``batches_rebuilt``: built
+    batches lost with their constructor and built again)."""
 
     job: str
     failure: str | None
@@ -78,6 +82,7 @@ class StatusReply(Message):
     storage_waits: Mapping[str, StorageWaitInfo] = field(default_factory=dict)
     autoscaler: ScalerStatus = field(default_factory=ScalerStatus)
     lineage: LineageSpillInfo = field(default_factory=LineageSpillInfo)
+    recoveries: Mapping[str, int] = field(default_factory=dict)
 
     def to_msg(self) -> dict[str, Any]:
         return {
@@ -94,6 +99,7 @@ class StatusReply(Message):
             "storage_waits": {k: v.to_msg() for k, v in self.storage_waits.items()},
             "autoscaler": self.autoscaler.to_msg(),
             "lineage": self.lineage.to_msg(),
+            "recoveries": dict(self.recoveries),
         }
 
     @classmethod
@@ -113,6 +119,7 @@ class StatusReply(Message):
             storage_waits=r.mapping("storage_waits", read_storage_wait),
             autoscaler=read_scaler(r.raw("autoscaler", ScalerStatus().to_msg()), r, "autoscaler"),
             lineage=LineageSpillInfo.from_msg(r.raw("lineage", LineageSpillInfo().to_msg())),
+            recoveries=check_mapping(r.raw("recoveries", {}), r, "recoveries", check_int),
         )
         r.done()
         return out

@@ -90,12 +90,11 @@ def reference_run(chaos_cluster, local_sources, tmp_path):
 def s3_corpus(example_corpus, tmp_path_factory) -> Iterator:
     """A SeaweedFS S3 server holding a copy of the example corpus; yields ``(server, url)``.
 
-    Skips, saying why, only when the ``weed`` binary cannot run on this machine."""
-    from s3_server import SeaweedS3, weed_unusable_reason
+    Fails, saying why, when the ``weed`` binary cannot run on this machine (skips only where
+    ``MDATA_TESTS_ALLOW_NO_S3_SERVER=1`` allows it: :func:`s3_server.require_weed`)."""
+    from s3_server import SeaweedS3, require_weed
 
-    reason = weed_unusable_reason()
-    if reason is not None:
-        pytest.skip(reason)
+    require_weed()
     server = SeaweedS3(tmp_path_factory.mktemp("seaweed")).start()
     try:
         url = server.upload(example_corpus, "corpus", "example")

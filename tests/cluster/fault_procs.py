@@ -28,7 +28,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = Path(mdata.__file__).resolve().parents[1]  # the checkout whose mdata this test imports
 CONSTRUCTOR_RESOURCE = "mdata_constructor"
 
-__all__ = ["HarnessError", "ClusterProcess", "subprocess_env", "free_port", "kill9", "close_job",
+__all__ = ["HarnessError", "ClusterProcess", "subprocess_env", "free_port", "kill9", "close_job", "recoveries",
            "worker_pids", "workers_with", "wait_for_workers", "loader_holding_chunks",
            "constructor_worker"]
 
@@ -156,6 +156,12 @@ class ClusterProcess:
 
 def close_job(client, job: str) -> None:
     client.sync(client.scheduler.mdata_close_job, job=job)
+
+
+def recoveries(client, job: str) -> dict[str, int]:
+    """The job's ``recoveries`` in its status: what its faults cost (chunks reloaded, batches
+    rebuilt, storage outages); a fault test asserts its recovery happened from these."""
+    return client.sync(client.scheduler.mdata_status, job=job)["recoveries"]
 
 
 # -- finding workers by role -------------------------------------------------------------------------

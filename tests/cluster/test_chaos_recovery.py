@@ -3,7 +3,9 @@ rank resumed on the live cluster, the S3 server killed and restarted, and all of
 
 Each compares what every rank trained on with the uninterrupted reference, exactly as
 ``test_chaos.py`` does: identical sample ids and token hashes at every step, nothing lost or
-repeated.
+repeated; and asserts that the recovery happened (the job's status counts the batches rebuilt,
+the chunks reloaded and the storage outages ridden through; a rewind shows in what the restarted
+trainers received), so a fault that landed too late or nowhere cannot pass for one ridden through.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from chaos_scenario import (  # noqa: F401  (fixtures)
     local_sources, reference_run, s3_corpus, s3_sources,
 )
 from fault_sequences import assert_exactly_once, assert_same_sequences
-from faults import TrainerGroup, close_job, constructor_worker, kill9, loader_holding_chunks, wait_for_workers
+from faults import (
+    TrainerGroup, close_job, constructor_worker, kill9, loader_holding_chunks, recoveries, wait_for_workers,
+)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 
@@ -63,6 +67,21 @@ def check(group: TrainerGroup, reference, plan, what: str) -> None:
     assert_exactly_once(got, plan.mesh, global_batch=GLOBAL_BATCH)
 
 
+def assert_recovered(cluster, group: TrainerGroup, **at_least: int) -> None:
+    """The job's status counts at least these recoveries (``batches_rebuilt=1``...)."""
+    counts = recoveries(cluster.client(), group.job)
+    short = {k: (counts[k], n) for k, n in at_least.items() if counts[k] < n}
+    assert not short, f"recoveries (counted, wanted at least) {short}; all counts {counts}"
+
+
+def assert_rewound(group: TrainerGroup, resume: int) -> None:
+    """Every rank's restarted process was served from step ``resume`` on (a Planner that kept
+    its own position instead of rewinding would have served it from there)."""
+    for rank in range(group.world_size):
+        restarted = group.current(rank).log()
+        assert [b.step for b in restarted.batches] == list(range(resume, END_STEP)), (rank, resume)
+
+
 def test_constructor_kill_loses_nothing(chaos_cluster, local_sources, reference_run, tmp_path):
     """kill -9 the only constructor mid-run: the batches it held (built, not yet pulled) are
     built again on its replacement and the trainers see the same sequence."""
@@ -78,6 +97,7 @@ def test_constructor_kill_loses_nothing(chaos_cluster, local_sources, reference_
     finally:
         group.kill_all()
     check(group, reference_run, plan, f"the run that lost constructor {address}")
+    assert_recovered(chaos_cluster, group, batches_rebuilt=1)
     close_job(chaos_cluster.client(), group.job)
 
 
@@ -97,6 +117,7 @@ def test_trainer_kill_and_live_resume(chaos_cluster, local_sources, reference_ru
     finally:
         group.kill_all()
     check(group, reference_run, plan, f"the run resumed live at step {resume}")
+    assert_rewound(group, resume)
     close_job(chaos_cluster.client(), group.job)
 
 
@@ -116,6 +137,7 @@ def test_storage_outage_is_waited_out(chaos_cluster, s3_sources, s3_corpus, refe
         group.kill_all()
         server.start()
     check(group, reference_run, plan, "the run through a storage outage")
+    assert_recovered(chaos_cluster, group, storage_outages=1)
     close_job(chaos_cluster.client(), group.job)
 
 
@@ -141,4 +163,6 @@ def test_chaos_all_faults_in_one_run(chaos_cluster, s3_sources, s3_corpus, refer
         group.kill_all()
         server.start()
     check(group, reference_run, plan, f"the run through every fault (resumed at step {resume})")
+    assert_recovered(chaos_cluster, group, chunks_reloaded=1, batches_rebuilt=1, storage_outages=1)
+    assert_rewound(group, resume)
     close_job(chaos_cluster.client(), group.job)

@@ -153,4 +153,7 @@ def test_losing_the_constructor_loses_no_sample(constructor_cluster, example_sou
     assert got == {r: reference[r] for r in range(2)}
     status = client.sync(client.scheduler.mdata_status, job="crash")
     assert status["failure"] is None
+    # the recovery happened: both kills lost built batches (the window's, not yet fetched or
+    # not yet consumed), and each was built again
+    assert status["recoveries"]["batches_rebuilt"] >= 2, status["recoveries"]
     close(client, "crash")

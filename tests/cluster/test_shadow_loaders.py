@@ -143,6 +143,7 @@ def test_a_warm_standby_takes_over_a_killed_loaders_chunks(standby_cluster):
     after = reader_stats(client, standby)
     assert after["listings"] == warm["listings"] and after["opens"] == warm["opens"]
     assert after["hits"] > warm["hits"]
+    assert status["recoveries"]["chunks_reloaded"] >= 1, status["recoveries"]  # the Planner's count
 
     # (c) the stall: extra time blocked from the kill on, against the uninterrupted run
     stall = max(sum(w for _, w in got[r][KILL_AT:]) - sum(w for _, w in reference[r][KILL_AT:])

@@ -139,6 +139,8 @@ MESSAGES = [
         applied=(m.PoolDecision("images", 3, "2.6 busy threads / 1 per worker", 2.6, 1, 1, "up",
                                 1e9, ("wallpapers",)),))),
     m.StatusReply(**{**STATUS.__dict__, "autoscaler": m.ScalerStatus(running=True, errors=1)}),
+    m.StatusReply(**{**STATUS.__dict__, "recoveries": {"chunks_reloaded": 3, "batches_rebuilt": 1,
+                                                       "storage_outages": 0}}),
 ]
 
 

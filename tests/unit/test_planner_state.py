@@ -214,7 +214,7 @@ def test_worker_lost_reloads_only_needed_chunks():
     (load,) = state.handle(Tick(stimulus_id="t0"))
     state.handle(loaded(load.chunk, worker="w1"))
     out = state.handle(WorkerLost("w1", stimulus_id="lost"))
-    assert out == [LoadChunk(load.chunk, stimulus_id="lost")]
+    assert out == [LoadChunk(load.chunk, reload=True, stimulus_id="lost")]
     # a second loss report while the reload is under way does not load it twice
     assert state.handle(WorkerLost("w2", (load.chunk,), stimulus_id="lost2")) == []
     state.handle(loaded(load.chunk, worker="w3"))
@@ -222,7 +222,7 @@ def test_worker_lost_reloads_only_needed_chunks():
     held = {c.key for c in state.chunk_refs()}
     out = state.handle(WorkerLost("w3", (load.chunk,), stimulus_id="lost3"))
     # only chunks a planned step still needs come back
-    assert out == ([LoadChunk(load.chunk, stimulus_id="lost3")] if load.chunk.key in held else [])
+    assert out == ([LoadChunk(load.chunk, reload=True, stimulus_id="lost3")] if load.chunk.key in held else [])
 
 
 def test_tick_emits_pool_targets_from_measured_loads():

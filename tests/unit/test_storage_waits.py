@@ -12,6 +12,7 @@ import pytest
 from mdata.sources import StorageWait, describe_storage_wait, merge_storage_waits, storage_waits
 from mdata.sources.waits import wait_began, wait_ended, wait_failed_again
 from mdata.wire import messages as m
+from scheduler_plugins.recoveries import RecoveryTally
 
 REFUSED = "EndpointConnectionError: Could not connect to the endpoint URL: \"http://127.0.0.1:9/b/a\""
 RESET = "ConnectionClosedError: Connection was closed before we received a valid response"
@@ -89,6 +90,7 @@ class Job:
 
     sources: dict
     storage_waits: dict = field(default_factory=dict)
+    recoveries: RecoveryTally = field(default_factory=RecoveryTally)
 
 
 def test_the_planner_poll_asks_the_loader_workers_and_gives_each_job_its_sources():
@@ -118,6 +120,8 @@ def test_the_planner_poll_asks_the_loader_workers_and_gives_each_job_its_sources
                 assert merged["web"].workers == (web.address,)  # the one that answered
                 assert list(jobs["a"].storage_waits) == ["web"] and jobs["b"].storage_waits == {}
                 assert jobs["a"].storage_waits["web"].waited_s() >= 5
+                await poller.poll(jobs)  # the same wait, heard again: still one outage
+                assert [j.recoveries.storage_outages for j in jobs.values()] == [1, 0]
 
                 # from the tick: at most one poll at a time, and not before the interval
                 poller.tick(jobs, now=1000.0)
@@ -132,6 +136,7 @@ def test_the_planner_poll_asks_the_loader_workers_and_gives_each_job_its_sources
             poller.tick(jobs, now=1001.0)
             await poller._task
             assert jobs["a"].storage_waits == {} and poller.merged == {}
+            assert jobs["a"].recoveries.counts()["storage_outages"] == 1  # ridden through, counted
             poller.close()
 
     asyncio.run(main())
