@@ -20,6 +20,7 @@ __all__ = [
     "SkipBudgetExceededError",
     "InvalidSourceError",
     "RowRangeError",
+    "ListingChangedError",
     "TransformConfigError",
     "PlanError",
     "MeshError",
@@ -127,6 +128,12 @@ class InvalidSourceError(SourceError, ValueError):
 
 class RowRangeError(SourceError, IndexError):
     """A requested shard index or row range lies outside the source's listing."""
+
+
+class ListingChangedError(SourceError):
+    """A shard a job reads is no longer what the job listed (renamed, rewritten, removed, or a
+    shard inserted before it): only shards appended after every known one may come while a job
+    reads a source."""
 
 
 class TransformConfigError(MdataError, ValueError):

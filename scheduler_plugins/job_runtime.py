@@ -30,6 +30,7 @@ from mdata import planner as ps
 from mdata.errors import MdataError
 from mdata.observe import SourceMeter, TrainerMeter
 from mdata.sources import SourceStorageWait
+from mdata.sources.shards import ListingExpectations
 from mdata.wire.messages import (
     BatchLocation, BatchLocationReply, ChunkPull, ConstructSpec, PoolDecision, Status,
     StatusCounters, StatusReply, StorageWaitInfo,
@@ -62,6 +63,7 @@ class JobRuntime:
                  resume_options: "ps.ResumeOptions | None" = None) -> None:
         self.scheduler = scheduler
         self.listings = listings  # kept to rebuild the state when a trainer resumes (rewind)
+        self.expected_shards = ListingExpectations(listings)  # loaders list again on a mismatch
         # what the job was registered to accept on resume; a rewind accepts it too
         self.resume_options = resume_options or ps.ResumeOptions()
         self.lineage_steps = lineage_steps
@@ -241,6 +243,7 @@ class JobRuntime:
         resources = {pool_resource(chunk.source): 1}
         fut = self.client.submit(
             load_chunk_task, source, chunk.shard, chunk.start, chunk.stop,
+            self.expected_shards.of(chunk.source, chunk.shard),
             key=chunk.key, resources=resources, pure=False,
         )
         meta_key = ("mdata-summary",) + tuple(chunk.key[1:])

@@ -31,7 +31,8 @@ if TYPE_CHECKING:
 
     from mdata.sources.spec import Source
 
-__all__ = ["ShardInfo", "SourceListing", "list_shards", "list_shards_resolved", "resolve_shard_paths"]
+__all__ = ["ShardInfo", "SourceListing", "list_shards", "list_shards_resolved", "resolve_shard_paths",
+           "shard_names"]
 
 #: Threads reading footers / counting lines at once (remote stores are latency-bound).
 _LIST_THREADS = 16
@@ -158,3 +159,24 @@ def _list(source: "Source", retry: RetryPolicy) -> tuple[SourceListing, "Abstrac
         for i, (p, n) in enumerate(zip(paths, counts))
     )
     return SourceListing(source=source.name, shards=shards), fs, paths
+
+
+def shard_names(fs: "AbstractFileSystem", url: str, paths: list[str]) -> list[str]:
+    """The shards' names relative to the source's URL (a glob's fixed prefix, a folder, a file's
+    folder): what registration reports, so a listing says what the data is and the URL where it
+    lives, and a checkpoint names either change."""
+    root = _listing_root(fs._strip_protocol(url), paths)
+    return [_relative(path, root) for path in paths]
+
+
+def _listing_root(url_path: str, paths: list[str]) -> str:
+    glob = min((i for i, c in enumerate(url_path) if c in "*?["), default=None)
+    if glob is not None:
+        return url_path[:glob].rsplit("/", 1)[0]
+    if paths == [url_path]:
+        return url_path.rsplit("/", 1)[0]
+    return url_path.rstrip("/")
+
+
+def _relative(path: str, root: str) -> str:
+    return path[len(root):].lstrip("/") if root and path.startswith(root + "/") else path
