@@ -21,6 +21,7 @@ __all__ = [
     "InvalidSourceError",
     "RowRangeError",
     "ListingChangedError",
+    "RowTooLargeError",
     "TransformConfigError",
     "PlanError",
     "MeshError",
@@ -95,6 +96,11 @@ class CorruptShardError(SourceError):
     Raised only when storage delivered the bytes and they do not parse: an unreachable or throttling
     store is waited out and, past the deadline, is a :class:`StorageUnavailableError` instead.
     """
+
+
+class RowTooLargeError(CorruptShardError):
+    """A row is larger than a reader hands to a transform: a JSONL line over
+    ``mdata.sources.max-line-bytes`` or a cell over ``mdata.sources.max-cell-bytes``."""
 
 
 class StorageUnavailableError(SourceError):
