@@ -574,6 +574,7 @@ class JobRuntime:
             storage_waits={name: StorageWaitInfo.of(wait, now)
                            for name, wait in self.storage_waits.items()},
             **({} if self.scaler_status is None else {"autoscaler": self.scaler_status}),
+            quarantined=dict(view.quarantined),
         )
 
     # -- lifecycle -------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from mdata.errors import CorruptShardError
 from mdata.order import ChunkRef
 from mdata.planner.chunk_table import ChunkTable
 
-__all__ = ["QuarantinedChunk", "Quarantine"]
+__all__ = ["QuarantinedChunk", "Quarantine", "describe_quarantine"]
 
 
 @dataclass(frozen=True)
@@ -84,3 +84,15 @@ class Quarantine:
         for entry in self.chunks.values():
             out.setdefault(entry.source, []).append(entry.to_dict())
         return out
+
+
+def describe_quarantine(entries: Sequence[Any]) -> str:
+    """One line about a source's quarantined chunks (``QuarantinedChunk.to_dict()`` each): which
+    shards, which rows, why (the first reason); empty when none (the dashboard's sources table)."""
+    if not entries:
+        return ""
+    shards = list(dict.fromkeys(str(e["path"]) for e in entries))
+    rows = sum(int(e["rows"][1]) - int(e["rows"][0]) for e in entries)
+    named = ", ".join(shards[:3]) + (f" and {len(shards) - 3} more" if len(shards) > 3 else "")
+    return (f"{len(entries)} chunk(s), {rows} rows of {len(shards)} shard(s) quarantined since step "
+            f"{min(int(e['step']) for e in entries)}: {named} ({entries[0]['reason']})")

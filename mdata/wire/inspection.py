@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from mdata.wire.codec import (
-    Handler, Message, Reader, check_dict, check_float, check_int, check_mapping, check_str,
+    Handler, Message, Reader, check_dict, check_float, check_int, check_mapping, check_str, list_of,
 )
 from mdata.wire.jobs import JobRequest
 from mdata.wire.pools import PoolDecision, ScalerStatus, read_decision, read_scaler
@@ -61,7 +61,9 @@ class StatusReply(Message):
     ``storage_waits``: the job's sources whose loads wait on unreachable storage right now (empty
     while storage answers), as the Planner last heard from the loader workers, and
     ``autoscaler``: the cluster's pool autoscaler as it last reported (``running`` False and no
-    errors when none runs)."""
+    errors when none runs). ``quarantined``: per source whose ``on_corrupt`` is ``"skip"``, the
+    chunks passed over because they cannot be parsed (shard index and path, rows, the step the
+    Planner was at, the reason)."""
 
     job: str
     failure: str | None
@@ -75,6 +77,7 @@ class StatusReply(Message):
     counters: StatusCounters
     storage_waits: Mapping[str, StorageWaitInfo] = field(default_factory=dict)
     autoscaler: ScalerStatus = field(default_factory=ScalerStatus)
+    quarantined: Mapping[str, tuple[Mapping[str, Any], ...]] = field(default_factory=dict)
 
     def to_msg(self) -> dict[str, Any]:
         return {
@@ -90,6 +93,7 @@ class StatusReply(Message):
             "counters": self.counters.to_msg(),
             "storage_waits": {k: v.to_msg() for k, v in self.storage_waits.items()},
             "autoscaler": self.autoscaler.to_msg(),
+            "quarantined": {k: [dict(q) for q in v] for k, v in self.quarantined.items()},
         }
 
     @classmethod
@@ -108,6 +112,7 @@ class StatusReply(Message):
             counters=StatusCounters.from_msg(r.raw("counters")),
             storage_waits=r.mapping("storage_waits", read_storage_wait),
             autoscaler=read_scaler(r.raw("autoscaler", ScalerStatus().to_msg()), r, "autoscaler"),
+            quarantined=check_mapping(r.raw("quarantined", {}), r, "quarantined", list_of(check_dict)),
         )
         r.done()
         return out

@@ -145,3 +145,23 @@ def skipping_sources(plan: Plan) -> set[str]:
     from mdata.planner.quarantine import Quarantine
 
     return set(Quarantine(plan.sources, ChunkTable([], "j", 1)).skipping)
+
+
+def test_status_carries_the_quarantined_chunks_and_the_dashboard_line_names_them():
+    from mdata.planner.quarantine import describe_quarantine
+    from mdata.wire import messages as m
+
+    state = PlannerState(plan_of(Src("a", "skip")), {"a": [ROWS] * SHARDS}, job="j")
+    run(state, {"a": metadata("a")}, {("a", 1)}, 6)
+    quarantined = state.quarantine.by_source()
+    reply = m.StatusReply(job="j", failure=None, uptime_s=1.0, steps={}, pool_targets={},
+                          chunks_in_memory=0, batches_in_memory=0, trainer_wait_s={},
+                          consumed_steps={}, counters=m.StatusCounters(2, 2, 2, 0, 0, {"a": 0}),
+                          quarantined=quarantined)
+    back = m.StatusReply.from_msg(reply.to_msg())
+    assert [dict(q, rows=list(q["rows"])) for q in back.quarantined["a"]] == quarantined["a"]
+    line = describe_quarantine(quarantined["a"])
+    n = len(quarantined["a"])
+    assert line.startswith(f"{n} chunk(s), {n * CHUNK} rows of 1 shard(s) quarantined since step ")
+    assert "part-1.jsonl (CorruptShardError (row " in line
+    assert describe_quarantine(()) == ""
