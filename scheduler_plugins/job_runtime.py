@@ -57,6 +57,9 @@ def pool_resource(source_name: str) -> str:
 class JobRuntime:
     """Executes one job's plan on the cluster; owns the futures that keep chunks and batches alive."""
 
+    #: per source, shards its listing quarantined (no rows: a corrupt footer, on_corrupt="skip")
+    listed_quarantine: dict[str, list] = {}
+
     def __init__(self, scheduler, client, job: str, plan, state: "ps.PlannerState",
                  listings: dict[str, list] | None = None,
                  lineage_steps: int | None = None,
@@ -574,8 +577,16 @@ class JobRuntime:
             storage_waits={name: StorageWaitInfo.of(wait, now)
                            for name, wait in self.storage_waits.items()},
             **({} if self.scaler_status is None else {"autoscaler": self.scaler_status}),
-            quarantined=dict(view.quarantined),
+            quarantined=self.quarantined(),
         )
+
+    def quarantined(self) -> dict[str, list]:
+        """Per source, what on_corrupt="skip" passed over: shards listed with no rows, then the
+        chunks the Planner quarantined (:mod:`mdata.planner.quarantine`)."""
+        out = {name: list(entries) for name, entries in self.listed_quarantine.items()}
+        for name, entries in self.view.quarantined.items():
+            out.setdefault(name, []).extend(entries)
+        return out
 
     # -- lifecycle -------------------------------------------------------------------------------
     def _spawn(self, coro) -> None:

@@ -108,7 +108,9 @@ def list_shards_task(source: Source | SourceSpec) -> dict[str, Any]:
         raise portable from None
     names = shard_names(fs, built.url, paths)
     return {"shards": [[name, int(shard.num_rows)] for name, shard in zip(names, listing.shards)],
-            "produces_images": bool(getattr(built.transform, "produces_images", False))}
+            "produces_images": bool(getattr(built.transform, "produces_images", False)),
+            "quarantined": [{"shard": i, "path": listing.shards[i].path, "rows": [0, 0], "step": 0,
+                             "reason": f"at listing: {reason}"} for i, reason in listing.quarantined]}
 
 
 def _worker_address() -> str:

@@ -65,6 +65,9 @@ class SourceListing:
 
     source: str
     shards: tuple[ShardInfo, ...]
+    #: ``(shard index, reason)`` of shards listed with no rows because their row count could not
+    #: be read (a corrupt Parquet footer) and the source's ``on_corrupt`` is ``"skip"``
+    quarantined: tuple[tuple[int, str], ...] = ()
 
     @property
     def num_rows(self) -> int:

@@ -73,7 +73,7 @@ def sources_figures(runtime: "JobRuntime", *, now: float | None = None) -> dict[
         "source", "samples_per_s", "loaded_samples", "loaded_chunks", "failed_chunks",
         "backlog_chunks", "backlog_rows", "pool_workers", "target_workers", "reason", "storage",
         "quarantined")}
-    quarantined = runtime.view.quarantined
+    quarantined = runtime.quarantined()
     for f in figures:
         cols["quarantined"].append(describe_quarantine(quarantined.get(f.source, ())))
         wait = waits.get(f.source)

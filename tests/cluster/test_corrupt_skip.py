@@ -83,6 +83,37 @@ def test_skip_quarantines_the_shard_delivers_every_other_sample_once_and_resumes
     close(client, "skip-reference", "skip-stopped", "skip-resumed")
 
 
+def test_a_truncated_parquet_shard_under_skip_is_listed_without_rows_and_never_read(
+        client, example_sources_small, tmp_path):
+    """A Parquet shard cut in half has no footer, so listing cannot count its rows: under "skip"
+    it is listed with none, said so in status, and the trainers get every row of the others."""
+    import shutil
+
+    code = by_name(example_sources_small)["code"]
+    folder = tmp_path / "code"
+    folder.mkdir()
+    paths = sorted(glob.glob(str(Path(code.url).parent / "*.parquet")))
+    rows = [pq.read_metadata(p).num_rows for p in paths]
+    for p in paths:
+        shutil.copy(p, folder)
+    cut = folder / Path(paths[1]).name
+    data = cut.read_bytes()
+    cut.write_bytes(data[: len(data) // 2])
+    source = dataclasses.replace(code, url=str(folder / "*.parquet"), on_corrupt="skip")
+    plan = plan_for([source], dp=2, global_batch=BATCH)
+    steps = (sum(rows) - rows[1]) // BATCH
+    submit_job(client, plan, job="skip-footer")
+    got = per_step(run_loaders(client, job="skip-footer", world_size=2, steps=steps, keep=ids))
+    assert all(len(v) == BATCH for v in got.values()) and len(got) == steps
+    taken = sorted(x for v in got.values() for x in v)
+    assert taken == [(0, shard, r) for shard in (0, 2) for r in range(rows[shard])]
+    status = client.sync(client.scheduler.mdata_status, job="skip-footer")
+    (listed,) = status["quarantined"]["code"]
+    assert listed["shard"] == 1 and Path(listed["path"]).name == cut.name
+    assert listed["reason"].startswith("at listing: CorruptShardError: cannot read the Parquet footer")
+    close(client, "skip-footer")
+
+
 def test_fail_fails_the_job_with_the_corrupt_shard_error_naming_the_shard(client, broken_code):
     source, _ = broken_code
     plan = plan_for([dataclasses.replace(source, on_corrupt="fail")], dp=2, global_batch=BATCH)

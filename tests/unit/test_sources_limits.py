@@ -61,3 +61,22 @@ def test_limits_must_be_positive_ints():
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="max_line_bytes must be a positive int"):
             ReadLimits(max_line_bytes=bad)
+
+
+def test_a_corrupt_footer_is_listed_with_no_rows_under_skip_and_fails_the_listing_under_fail(tmp_path):
+    from mdata.sources import list_shards
+
+    store = Store("local", str(tmp_path))
+    write_parquet(store, "a.parquet", {"text": stdlib_texts(5)})
+    write_parquet(store, "b.parquet", {"text": stdlib_texts(4)})
+    whole = (tmp_path / "b.parquet").read_bytes()
+    (tmp_path / "b.parquet").write_bytes(whole[: len(whole) // 2])  # truncated: no footer
+    write_parquet(store, "c.parquet", {"text": stdlib_texts(3)})
+    with pytest.raises(CorruptShardError, match=r"shard '.*b\.parquet': cannot read the Parquet footer"):
+        list_shards(Source("web", store.url("*.parquet")))
+    skip = Source("web", store.url("*.parquet"), on_corrupt="skip")
+    listing = list_shards(skip)
+    assert [s.num_rows for s in listing.shards] == [5, 0, 3]
+    ((index, reason),) = listing.quarantined
+    assert index == 1 and reason.startswith("CorruptShardError: cannot read the Parquet footer")
+    assert load_chunk(skip, 2, 0, 3, cache=ReaderCache()).rows.tolist() == [0, 1, 2]
