@@ -335,6 +335,7 @@ class PlannerPlugin(SchedulerPlugin):
                 forgotten_before=int(graph.forgotten_before),
                 exactly_once=msg.ExactlyOnce(bool(report.ok), int(report.samples),
                                              int(report.skipped), tuple(report.problems)),
+                quarantined=runtime.quarantined(),  # which shards were passed over, and why
             )
 
         return await runtime.read_state(read)

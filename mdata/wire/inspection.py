@@ -232,22 +232,26 @@ def _id_rows(value: Any, r: Reader, name: str) -> list[list[int]]:
 @dataclass(frozen=True)
 class LineageReply(Message):
     """Planned sample ids per step (``samples[str(step)][str(dp_rank)]``), the first step the
-    DGraph still keeps, and the exactly-once report over what it keeps."""
+    DGraph still keeps, and the exactly-once report over what it keeps. ``quarantined``: why
+    rows were passed over besides a transform's skips (as :class:`StatusReply`'s)."""
 
     samples: Mapping[str, Mapping[str, list[list[int]]]]
     forgotten_before: int
     exactly_once: ExactlyOnce
+    quarantined: Mapping[str, tuple[Mapping[str, Any], ...]] = field(default_factory=dict)
 
     def to_msg(self) -> dict[str, Any]:
         return {"samples": {s: dict(by_dp) for s, by_dp in self.samples.items()},
                 "forgotten_before": self.forgotten_before,
-                "exactly_once": self.exactly_once.to_msg()}
+                "exactly_once": self.exactly_once.to_msg(),
+                "quarantined": {k: [dict(q) for q in v] for k, v in self.quarantined.items()}}
 
     @classmethod
     def from_msg(cls, msg: Any) -> "LineageReply":
         r = Reader(cls.__name__, msg)
         out = cls(r.mapping("samples", lambda v, rr, f: check_mapping(v, rr, f, _id_rows)),
-                  r.int("forgotten_before"), ExactlyOnce.from_msg(r.raw("exactly_once")))
+                  r.int("forgotten_before"), ExactlyOnce.from_msg(r.raw("exactly_once")),
+                  check_mapping(r.raw("quarantined", {}), r, "quarantined", list_of(check_dict)))
         r.done()
         return out
 

@@ -69,6 +69,9 @@ def test_skip_quarantines_the_shard_delivers_every_other_sample_once_and_resumes
     assert quarantined["shard"] == 1 and Path(quarantined["path"]).name == "part-00001.jsonl"
     assert list(quarantined["rows"]) == [0, rows[1]] and quarantined["step"] == 0
     assert quarantined["reason"].startswith("CorruptShardError (row 0): line is not valid JSON")
+    lineage = client.sync(client.scheduler.mdata_lineage, job="skip-reference", steps=steps)
+    assert lineage["exactly_once"]["ok"] and 0 < lineage["exactly_once"]["skipped"] <= rows[1]
+    assert [q["shard"] for q in lineage["quarantined"]["code"]] == [1]  # which shard, and why
 
     submit_job(client, plan, job="skip-stopped")
     states: dict[int, dict] = {}
