@@ -175,7 +175,9 @@ class JobHandle:
         ``pool_targets``: the Planner's latest :class:`~mdata.wire.pools.PoolDecision` per
         source, as dicts; ``autoscaler``: the cluster's pool autoscaler as it last reported
         (``running``, ``errors`` it survived, ``last_error``, ``workers`` per pool, ``applied``
-        decisions)."""
+        decisions); ``quarantined``: per source with ``on_corrupt="skip"``, the chunks (or shards,
+        at listing) passed over because they cannot be parsed: ``shard``, ``path``, ``rows``,
+        ``step`` and ``reason``."""
         return self._ask(StatusRequest(self.job)).to_msg()
 
     def storage_waits(self) -> dict[str, dict[str, Any]]:
