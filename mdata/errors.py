@@ -20,6 +20,8 @@ __all__ = [
     "SkipBudgetExceededError",
     "InvalidSourceError",
     "RowRangeError",
+    "ListingChangedError",
+    "RowTooLargeError",
     "TransformConfigError",
     "PlanError",
     "MeshError",
@@ -96,6 +98,11 @@ class CorruptShardError(SourceError):
     """
 
 
+class RowTooLargeError(CorruptShardError):
+    """A row is larger than a reader hands to a transform: a JSONL line over
+    ``mdata.sources.max-line-bytes`` or a cell over ``mdata.sources.max-cell-bytes``."""
+
+
 class StorageUnavailableError(SourceError):
     """Storage stayed unreachable (refused, timed out, throttled, 5xx) past the retry deadline.
 
@@ -127,6 +134,12 @@ class InvalidSourceError(SourceError, ValueError):
 
 class RowRangeError(SourceError, IndexError):
     """A requested shard index or row range lies outside the source's listing."""
+
+
+class ListingChangedError(SourceError):
+    """A shard a job reads is no longer what the job listed (renamed, rewritten, removed, or a
+    shard inserted before it): only shards appended after every known one may come while a job
+    reads a source."""
 
 
 class TransformConfigError(MdataError, ValueError):

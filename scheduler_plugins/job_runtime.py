@@ -30,6 +30,7 @@ from mdata import planner as ps
 from mdata.errors import MdataError
 from mdata.observe import SourceMeter, TrainerMeter
 from mdata.sources import SourceStorageWait
+from mdata.sources.shards import ListingExpectations
 from mdata.wire.messages import (
     BatchLocation, BatchLocationReply, ChunkPull, ConstructSpec, PoolDecision, Status,
     StatusCounters, StatusReply, StorageWaitInfo,
@@ -57,12 +58,16 @@ def pool_resource(source_name: str) -> str:
 class JobRuntime:
     """Executes one job's plan on the cluster; owns the futures that keep chunks and batches alive."""
 
+    #: per source, shards its listing quarantined (no rows: a corrupt footer, on_corrupt="skip")
+    listed_quarantine: dict[str, list] = {}
+
     def __init__(self, scheduler, client, job: str, plan, state: "ps.PlannerState",
                  listings: dict[str, list] | None = None,
                  lineage_steps: int | None = None,
                  resume_options: "ps.ResumeOptions | None" = None) -> None:
         self.scheduler = scheduler
         self.listings = listings  # kept to rebuild the state when a trainer resumes (rewind)
+        self.expected_shards = ListingExpectations(listings)  # loaders list again on a mismatch
         # what the job was registered to accept on resume; a rewind accepts it too
         self.resume_options = resume_options or ps.ResumeOptions()
         self.lineage_steps = lineage_steps
@@ -246,6 +251,7 @@ class JobRuntime:
         resources = {pool_resource(chunk.source): 1}
         fut = self.client.submit(
             load_chunk_task, source, chunk.shard, chunk.start, chunk.stop,
+            self.expected_shards.of(chunk.source, chunk.shard),
             key=chunk.key, resources=resources, pure=False,
         )
         meta_key = ("mdata-summary",) + tuple(chunk.key[1:])
@@ -578,7 +584,16 @@ class JobRuntime:
             **({} if self.scaler_status is None else {"autoscaler": self.scaler_status}),
             **({} if self.lineage is None else {"lineage": self.lineage.info()}),
             recoveries=self.recoveries.counts(),
+            quarantined=self.quarantined(),
         )
+
+    def quarantined(self) -> dict[str, list]:
+        """Per source, what on_corrupt="skip" passed over: shards listed with no rows, then the
+        chunks the Planner quarantined (:mod:`mdata.planner.quarantine`)."""
+        out = {name: list(entries) for name, entries in self.listed_quarantine.items()}
+        for name, entries in self.view.quarantined.items():
+            out.setdefault(name, []).extend(entries)
+        return out
 
     # -- lifecycle -------------------------------------------------------------------------------
     def _spawn(self, coro) -> None:

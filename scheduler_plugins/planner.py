@@ -200,7 +200,7 @@ class PlannerPlugin(SchedulerPlugin):
                 await existing.rewind_for_driver(dict(checkpoint), options)
             return self._job_info(existing)
         client = await self.client()
-        listings, with_images = await self._list_shards(client, plan_obj)
+        listings, with_images, quarantined = await self._list_shards(client, plan_obj)
         plan_obj.check_image_token(with_images)
         from mdata import config
 
@@ -216,16 +216,18 @@ class PlannerPlugin(SchedulerPlugin):
         runtime = JobRuntime(self.scheduler, client, job, plan_obj, state, listings, lineage_steps,
                              resume_options=options)
         runtime.scaler_status = self.scaler_status
+        runtime.listed_quarantine = quarantined  # shards listed with no rows (on_corrupt="skip")
         self.jobs[job] = runtime
         self.standbys.job_registered(plan_obj)  # the pools' standbys open the job's sources
         await runtime.tick()
         logger.info("mdata job %s registered: %s", job, plan_obj)
         return self._job_info(runtime)
 
-    async def _list_shards(self, client, plan) -> tuple[dict[str, list[list]], list[str]]:
+    async def _list_shards(self, client, plan) -> tuple[dict[str, list[list]], list[str], dict]:
         """``[[shard name, rows], ...]`` of every source, listed on a loader of its pool, which
         also builds the Source there (importing its transform: the registration's import
-        check); and the sources whose transform yields images."""
+        check); the sources whose transform yields images; and per source, the shards listed
+        with no rows because their footer is corrupt (``on_corrupt="skip"``)."""
         futures = {
             src.name: client.submit(
                 list_shards_task, src, resources={pool_resource(src.name): 1}, pure=False
@@ -235,7 +237,8 @@ class PlannerPlugin(SchedulerPlugin):
         names = list(futures)
         results = await client.gather([futures[n] for n in names])
         listings = {n: [list(s) for s in r["shards"]] for n, r in zip(names, results)}
-        return listings, [n for n, r in zip(names, results) if r["produces_images"]]
+        return (listings, [n for n, r in zip(names, results) if r["produces_images"]],
+                {n: r["quarantined"] for n, r in zip(names, results) if r.get("quarantined")})
 
     def _job_info(self, runtime: JobRuntime) -> msg.JobInfo:
         mesh = runtime.plan.mesh
@@ -332,6 +335,7 @@ class PlannerPlugin(SchedulerPlugin):
                 forgotten_before=int(graph.forgotten_before),
                 exactly_once=msg.ExactlyOnce(bool(report.ok), int(report.samples),
                                              int(report.skipped), tuple(report.problems)),
+                quarantined=runtime.quarantined(),  # which shards were passed over, and why
             )
 
         return await runtime.read_state(read)

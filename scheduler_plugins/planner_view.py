@@ -23,7 +23,7 @@ follows one of two rules, chosen by what the reader needs:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
@@ -50,6 +50,8 @@ class PlannerView:
     truncated: int
     skipped: Mapping[str, int]
     checkpoints: Mapping[int, Mapping[str, Any]]
+    #: chunks quarantined by sources with on_corrupt="skip" (mdata.planner.quarantine)
+    quarantined: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
     def of(cls, state: Any, previous: "PlannerView | None" = None,
@@ -76,8 +78,17 @@ class PlannerView:
             truncated=int(state.truncated),
             skipped=MappingProxyType(dict(zip(names, map(int, state.skipped)))),
             checkpoints=MappingProxyType(kept),
+            quarantined=_quarantined(state, previous),
         )
 
     def checkpoint(self, step: int) -> Mapping[str, Any] | None:
         """The checkpoint dict of having consumed every step before ``step``, if the view has it."""
         return self.checkpoints.get(int(step))
+
+
+def _quarantined(state: Any, previous: "PlannerView | None") -> Mapping[str, Any]:
+    """The state's quarantined chunks by source; the previous view's while none was added."""
+    chunks = state.quarantine.chunks
+    if previous is not None and sum(map(len, previous.quarantined.values())) == len(chunks):
+        return previous.quarantined
+    return MappingProxyType({k: tuple(v) for k, v in state.quarantine.by_source().items()})

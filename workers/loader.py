@@ -62,14 +62,21 @@ def _portable(exc: BaseException, source: str) -> BaseException:
     return SourceError(f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}", source=source, **fields)
 
 
-def load_chunk_task(source: Source | SourceSpec, shard: int, start: int, stop: int) -> SampleChunk:
-    """Dask task body: read and transform rows ``[start, stop)`` of one shard of ``source``."""
+def load_chunk_task(source: Source | SourceSpec, shard: int, start: int, stop: int,
+                    listing: tuple[str, str, int] | None = None) -> SampleChunk:
+    """Dask task body: read and transform rows ``[start, stop)`` of one shard of ``source``.
+
+    ``listing`` is ``(digest of the job's listing, the shard's name, its rows)``: this process
+    lists the source again when its own listing is another (shards appended since it listed)."""
     from mdata.sources.cache import default_reader_cache
     from mdata.sources.load import load_chunk
 
     began = time.perf_counter()
     try:
-        chunk = load_chunk(build_source(source), shard, start, stop, cache=default_reader_cache())
+        built, cache = build_source(source), default_reader_cache()
+        if listing is not None:
+            cache.check_listing(built, shard, listing)
+        chunk = load_chunk(built, shard, start, stop, cache=cache)
     except Exception as exc:
         portable = _portable(exc, source.name)
         if portable is exc:
@@ -90,7 +97,7 @@ def list_shards_task(source: Source | SourceSpec) -> dict[str, Any]:
     except Exception as exc:
         raise PlanError(f"source {source.name!r} cannot be built on worker {_worker_address()}: "
                         f"{type(exc).__name__}: {exc}") from None
-    from mdata.sources.listing import list_shards_resolved
+    from mdata.sources.listing import list_shards_resolved, shard_names
 
     try:
         listing, fs, paths = list_shards_resolved(built)
@@ -99,24 +106,11 @@ def list_shards_task(source: Source | SourceSpec) -> dict[str, Any]:
         if portable is exc:
             raise
         raise portable from None
-    root = _listing_root(fs._strip_protocol(built.url), paths)
-    return {"shards": [[_relative(path, root), int(shard.num_rows)]
-                       for path, shard in zip(paths, listing.shards)],
-            "produces_images": bool(getattr(built.transform, "produces_images", False))}
-
-
-def _listing_root(url_path: str, paths: list[str]) -> str:
-    """The folder shard names are relative to: a glob's fixed prefix, a folder, a file's folder."""
-    glob = min((i for i, c in enumerate(url_path) if c in "*?["), default=None)
-    if glob is not None:
-        return url_path[:glob].rsplit("/", 1)[0]
-    if paths == [url_path]:
-        return url_path.rsplit("/", 1)[0]
-    return url_path.rstrip("/")
-
-
-def _relative(path: str, root: str) -> str:
-    return path[len(root):].lstrip("/") if root and path.startswith(root + "/") else path
+    names = shard_names(fs, built.url, paths)
+    return {"shards": [[name, int(shard.num_rows)] for name, shard in zip(names, listing.shards)],
+            "produces_images": bool(getattr(built.transform, "produces_images", False)),
+            "quarantined": [{"shard": i, "path": listing.shards[i].path, "rows": [0, 0], "step": 0,
+                             "reason": f"at listing: {reason}"} for i, reason in listing.quarantined]}
 
 
 def _worker_address() -> str:

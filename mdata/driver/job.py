@@ -179,7 +179,10 @@ class JobHandle:
         ``failures``, ``last_error``) and, in ``unavailable`` and ``note``, which steps' lineage
         was let go and why (docs/troubleshooting.md);
         ``recoveries``: what faults cost the job so far (``chunks_reloaded``,
-        ``batches_rebuilt``, ``storage_outages``)."""
+        ``batches_rebuilt``, ``storage_outages``);
+        ``quarantined``: per source with ``on_corrupt="skip"``, the chunks (or shards,
+        at listing) passed over because they cannot be parsed: ``shard``, ``path``, ``rows``,
+        ``step`` and ``reason``."""
         return self._ask(StatusRequest(self.job)).to_msg()
 
     def storage_waits(self) -> dict[str, dict[str, Any]]:

@@ -271,6 +271,14 @@ class ChunkTable:
             if pending:
                 pending.pop(key, None)
 
+    def fill_empty(self, ref: ChunkRef) -> None:
+        """A requested chunk none of whose rows can be used (quarantined): loaded, on no worker,
+        with no kept row, so a step's walk passes over its rows like skipped ones."""
+        c = self._chunks.get(chunk_key(ref.source_index, ref.chunk_id))
+        if c is not None and not c.loaded:
+            empty = np.zeros(0, np.int64)
+            self.fill(c, empty, empty, empty)
+
     def worker_lost(self, worker: str, chunks: Iterable, sid: str, out: list[Instruction]) -> None:
         """``worker`` died with these chunks (refs or task keys) and those it reported loading:
         reload the ones a step needs, forget the ones only held for their window."""

@@ -51,6 +51,7 @@ from mdata.planner.events import (
 )
 from mdata.planner.instructions import Instruction, JobFailed, ReleaseBatch, StepReady
 from mdata.planner.pool_ticks import pool_targets_on_tick
+from mdata.planner.quarantine import Quarantine
 from mdata.planner.resume import Resume, ResumeOptions, plan_resume
 from mdata.planner.selection import select_samples
 from mdata.pool_demand import PoolSizer
@@ -110,6 +111,7 @@ class PlannerState:
                                        self.global_batch)  # a copy: stateful policies change
         self.chunks = ChunkTable(orders, job, width=max(plan.chunk_rows(n) for n in self.names))
         self.assigner = StepAssigner(plan)
+        self.quarantine = Quarantine(plan.sources, self.chunks)  # on_corrupt="skip"
         self.pool_sizer = pool_sizer if pool_sizer is not None else PoolSizer.from_config(self.names)
         self.dgraph = DGraph(self.names, group_ranks=lambda d: sorted(self.receivers[d]))
         self.record_lineage = record_lineage
@@ -260,8 +262,8 @@ class PlannerState:
 
     def _on_chunk_failed(self, ev: ChunkFailed) -> list[Instruction]:
         ref = ev.chunk
-        if ref not in self.chunks:
-            return []  # released already: nothing needs its rows
+        if ref not in self.chunks or self.quarantine.passed_over(ref, ev.error, self.balanced_step):
+            return []  # released already, or quarantined (on_corrupt="skip"): the job goes on
         error = ev.error if isinstance(ev.error, MdataError) else None
         return [self._fail(
             f"loading source {ref.source!r}, shard {ref.shard}, rows {ref.start}-{ref.stop} "

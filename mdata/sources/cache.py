@@ -11,14 +11,15 @@ import logging
 import os
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from mdata.sources.listing import list_shards_resolved
+from mdata.errors import ListingChangedError
+from mdata.sources.listing import list_shards_resolved, shard_names
 from mdata.sources.readers import reader_class
 from mdata.sources.retry import RetryPolicy, retry_storage
 from mdata.sources.shard_reader import ShardReader
-from mdata.sources.shards import ShardInfo, SourceListing
+from mdata.sources.shards import ShardInfo, SourceListing, listing_digest
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
@@ -41,6 +42,8 @@ class ReaderCacheStats:
     open_readers: int
     #: Readers dropped because storage failed under them (reopened by the next attempt).
     dropped: int = 0
+    #: Listings made again because a load task carried another listing's digest.
+    relistings: int = 0
 
 
 @dataclass
@@ -48,6 +51,17 @@ class _Listed:
     listing: "SourceListing"
     fs: "AbstractFileSystem"
     paths: list[str]
+    names: list[str] = field(default_factory=list)  # relative to the URL, as registration reports
+    digest: str = ""
+    #: digests already listed again for and still not matched (an older job's, on a grown source)
+    unmatched: set[str] = field(default_factory=set)
+
+    @staticmethod
+    def of(source: "Source", listing: "SourceListing", fs: "AbstractFileSystem",
+           paths: list[str]) -> "_Listed":
+        names = shard_names(fs, source.url, paths)
+        digest = listing_digest(zip(names, (s.num_rows for s in listing.shards)))
+        return _Listed(listing, fs, paths, names, digest)
 
 
 class ReaderCache:
@@ -71,7 +85,7 @@ class ReaderCache:
         self._listings: dict[tuple, _Listed] = {}
         self._readers: OrderedDict[tuple, ShardReader] = OrderedDict()
         self._opening: dict[tuple, threading.Lock] = {}
-        self._opens = self._hits = self._evictions = self._dropped = 0
+        self._opens = self._hits = self._evictions = self._dropped = self._relistings = 0
 
     def _listed(self, source: "Source") -> _Listed:
         key = source.cache_key
@@ -84,9 +98,68 @@ class ReaderCache:
             with self._lock:
                 entry = self._listings.get(key)
             if entry is None:
-                entry = _Listed(*list_shards_resolved(source, retry=self.retry))
+                entry = _Listed.of(source, *list_shards_resolved(source, retry=self.retry))
                 with self._lock:
                     self._listings[key] = entry
+        return entry
+
+    def check_listing(self, source: "Source", shard: int, expected: tuple[str, str, int]) -> None:
+        """Make sure shard ``shard`` means what a job's listing says it means: ``expected`` is
+        ``(digest of that listing, the shard's name, its rows)``
+        (:class:`~mdata.sources.shards.ListingExpectations`).
+
+        A process keeps the first listing it made of a source; when a job's listing differs (shards
+        appended since, accepted on resume), the source is listed again, once per such digest.
+        A listing that still differs is accepted only when this shard is the same (an older job
+        reading a source that grew since); otherwise :class:`ListingChangedError` names the shard.
+        """
+        digest, name, rows = expected
+        entry = self._listed(source)
+        if entry.digest == digest:
+            return
+        if digest not in entry.unmatched:
+            entry = self._relist(source, entry)
+            if entry.digest == digest:
+                return
+            entry.unmatched.add(digest)
+        index = int(shard)
+        if 0 <= index < len(entry.names) and entry.names[index] == name \
+                and entry.listing.shards[index].num_rows == rows:
+            return
+        now = (f"{entry.names[index]!r} with {entry.listing.shards[index].num_rows} rows"
+               if 0 <= index < len(entry.names) else f"absent (the source has {len(entry.names)} shards)")
+        raise ListingChangedError(
+            f"shard {index} was {name!r} with {rows} rows when the job listed the source, "
+            f"and is now {now}",
+            source=source.name, shard=name,
+            hint="shards may only be appended (names sorting after every known one) while a job "
+                 "reads a source; restart the job to read the source as it is now",
+        )
+
+    def _relist(self, source: "Source", seen: _Listed) -> _Listed:
+        """List ``source`` again (unless another thread just did) and drop the readers of shards
+        whose path or rows changed."""
+        key = source.cache_key
+        with self._lock:
+            listing_lock = self._opening.setdefault(("listing",) + key, threading.Lock())
+        with listing_lock:
+            with self._lock:
+                current = self._listings.get(key)
+            if current is not None and current is not seen:
+                return current  # another thread listed again meanwhile
+            entry = _Listed.of(source, *list_shards_resolved(source, retry=self.retry))
+            stale: list[ShardReader] = []
+            with self._lock:
+                self._listings[key] = entry
+                self._relistings += 1
+                for reader_key in [k for k in self._readers if k[0] == key]:
+                    index = reader_key[1]
+                    if index >= len(entry.listing) or entry.listing.shards[index] != self._readers[reader_key].shard:
+                        stale.append(self._readers.pop(reader_key))
+        for reader in stale:
+            reader.close()
+        logger.info("source %r listed again: %d shards (was %d)", source.name, len(entry.listing),
+                    len(seen.listing))
         return entry
 
     def listing(self, source: "Source") -> "SourceListing":
@@ -185,6 +258,7 @@ class ReaderCache:
                 evictions=self._evictions,
                 open_readers=len(self._readers),
                 dropped=self._dropped,
+                relistings=self._relistings,
             )
 
     def clear(self) -> None:

@@ -82,6 +82,11 @@ class JsonlShardReader(ShardReader):
         out: dict[str, list[Any]] = {f: [] for f in fields}
         if stop <= start:
             return out
+        over = np.flatnonzero(self._lengths[start:stop] > self.limits.max_line_bytes)
+        if over.size:  # checked on the index, before a byte of the range is read
+            row = start + int(over[0])
+            self.limits.check_line(int(self._lengths[row]), source=self.source.name,
+                                   shard=self.shard.path, row=row)
         begin = int(self._starts[start])
         end = int(self._starts[stop - 1] + self._lengths[stop - 1])
         try:
@@ -101,11 +106,13 @@ class JsonlShardReader(ShardReader):
                 obj = json.loads(line)
             except ValueError as exc:
                 raise self._corrupt("line is not valid JSON", exc, row=k) from exc
+            except RecursionError:  # "[[[[..." deeper than the parser's stack
+                raise self._corrupt("line nests JSON values too deeply to parse", row=k) from None
             if not isinstance(obj, dict):
                 raise self._corrupt(f"line is a JSON {type(obj).__name__}, not an object", row=k)
             for name, kind in fields.items():
                 out[name].append(self._value(obj, name, kind, k))
-        return out
+        return self._check_cells(out, start)
 
     def _value(self, obj: dict, name: str, kind: FieldKind, row: int) -> Any:
         if name not in obj:

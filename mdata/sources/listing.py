@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import fsspec
 
-from mdata.errors import MdataError, SourceError, SourceNotFoundError
+from mdata.errors import CorruptShardError, MdataError, SourceError, SourceNotFoundError
 from mdata.sources.faults import storage_failure
 from mdata.sources.readers import reader_class
 from mdata.sources.retry import RetryPolicy, retry_storage
@@ -31,7 +31,8 @@ if TYPE_CHECKING:
 
     from mdata.sources.spec import Source
 
-__all__ = ["ShardInfo", "SourceListing", "list_shards", "list_shards_resolved", "resolve_shard_paths"]
+__all__ = ["ShardInfo", "SourceListing", "list_shards", "list_shards_resolved", "resolve_shard_paths",
+           "shard_names"]
 
 #: Threads reading footers / counting lines at once (remote stores are latency-bound).
 _LIST_THREADS = 16
@@ -126,8 +127,18 @@ def list_shards_resolved(
 def _list(source: "Source", retry: RetryPolicy) -> tuple[SourceListing, "AbstractFileSystem", list[str]]:
     fs, paths = resolve_shard_paths(source, retry=retry)
     count = reader_class(source.format).count_rows
+    quarantined: dict[str, str] = {}
 
     def one(path: str) -> int:
+        try:
+            return counted(path)
+        except CorruptShardError as exc:
+            if getattr(source, "on_corrupt", "fail") != "skip":
+                raise
+            quarantined[path] = f"{type(exc).__name__}: {exc.message}"
+            return 0  # on_corrupt="skip": listed with no rows, so no step ever reads it
+
+    def counted(path: str) -> int:
         url = fs.unstrip_protocol(path)
         action = "reading the Parquet footer" if source.format is Format.PARQUET else "counting the lines"
         try:
@@ -157,4 +168,26 @@ def _list(source: "Source", retry: RetryPolicy) -> tuple[SourceListing, "Abstrac
         ShardInfo(index=i, path=fs.unstrip_protocol(p), num_rows=n)
         for i, (p, n) in enumerate(zip(paths, counts))
     )
-    return SourceListing(source=source.name, shards=shards), fs, paths
+    skipped = tuple((i, quarantined[p]) for i, p in enumerate(paths) if p in quarantined)
+    return SourceListing(source=source.name, shards=shards, quarantined=skipped), fs, paths
+
+
+def shard_names(fs: "AbstractFileSystem", url: str, paths: list[str]) -> list[str]:
+    """The shards' names relative to the source's URL (a glob's fixed prefix, a folder, a file's
+    folder): what registration reports, so a listing says what the data is and the URL where it
+    lives, and a checkpoint names either change."""
+    root = _listing_root(fs._strip_protocol(url), paths)
+    return [_relative(path, root) for path in paths]
+
+
+def _listing_root(url_path: str, paths: list[str]) -> str:
+    glob = min((i for i, c in enumerate(url_path) if c in "*?["), default=None)
+    if glob is not None:
+        return url_path[:glob].rsplit("/", 1)[0]
+    if paths == [url_path]:
+        return url_path.rsplit("/", 1)[0]
+    return url_path.rstrip("/")
+
+
+def _relative(path: str, root: str) -> str:
+    return path[len(root):].lstrip("/") if root and path.startswith(root + "/") else path

@@ -130,7 +130,7 @@ class ParquetShardReader(ShardReader):
             out[name] = column.to_pylist()
         del table, column
         _release_arrow_memory()
-        return out
+        return self._check_cells(out, start)
 
     def _stream(self, groups: list[int], start: int, stop: int, fields: list[str]) -> pa.Table:
         """Rows ``[start, stop)`` of ``groups``, decoded ``stop - start`` rows at a time; batches

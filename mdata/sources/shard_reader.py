@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from mdata.errors import CorruptShardError, SourceError, SourceNotFoundError
 from mdata.sources.faults import Fault, classify, is_transient, storage_failure
 from mdata.sources.fields import FieldKind
+from mdata.sources.limits import ReadLimits
 from mdata.sources.spec import Format
 
 if TYPE_CHECKING:
@@ -37,8 +38,10 @@ class ShardReader(ABC):
 
     format: ClassVar[Format]
 
-    def __init__(self, source: "Source", fs: "AbstractFileSystem", path: str, shard: "ShardInfo") -> None:
+    def __init__(self, source: "Source", fs: "AbstractFileSystem", path: str, shard: "ShardInfo",
+                 limits: ReadLimits | None = None) -> None:
         self.source = source
+        self.limits = limits if limits is not None else ReadLimits.from_config()
         self.fs = fs
         self.path = path  # protocol-less, for fs
         self.shard = shard  # shard.path is the full URL, used in errors
@@ -72,6 +75,13 @@ class ShardReader(ABC):
             if self._file is None:
                 self._open()
             return self._read(start, stop)
+
+    def _check_cells(self, out: dict[str, list[Any]], start: int) -> dict[str, list[Any]]:
+        """``out`` (rows from ``start``), once no value of it is over ``limits.max_cell_bytes``."""
+        for name, values in out.items():
+            self.limits.check_cells(name, values, source=self.source.name, shard=self.shard.path,
+                                    first_row=start)
+        return out
 
     def close(self) -> None:
         """Release the file handle; a later read reopens it."""

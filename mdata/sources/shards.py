@@ -6,13 +6,48 @@ They sit below both the listing (which builds them) and the readers (which are h
 
 from __future__ import annotations
 
+import hashlib
+import json
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from mdata.errors import RowRangeError
 
-__all__ = ["ShardInfo", "SourceListing"]
+__all__ = ["ListingExpectations", "ShardInfo", "SourceListing", "listing_digest"]
+
+
+def listing_digest(entries: Iterable[Sequence]) -> str:
+    """A short digest of a listing as ``[[shard name, rows], ...]`` (names relative to the
+    source's URL, as registration reports them).
+
+    The Planner lists a source once per job, while each loader process keeps the listing it made
+    first; a load task carries the digest of its job's listing so a loader whose listing is older
+    (shards appended since, then accepted by a resume) notices and lists again.
+    """
+    text = json.dumps([[str(name), int(rows)] for name, rows in entries], separators=(",", ":"))
+    return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
+
+
+class ListingExpectations:
+    """What each load task of a job expects of its shard: ``(digest of the job's listing of the
+    source, the shard's name, its rows)``, from the listings registration made (digests computed
+    once per source). ``None`` for a source without a listing (a state built without one)."""
+
+    def __init__(self, listings: dict[str, list] | None) -> None:
+        self._listings = listings or {}
+        self._digests: dict[str, str] = {}
+
+    def of(self, source: str, shard: int) -> tuple[str, str, int] | None:
+        entries = self._listings.get(source)
+        if entries is None:
+            return None
+        digest = self._digests.get(source)
+        if digest is None:
+            digest = self._digests[source] = listing_digest(entries)
+        name, rows = entries[int(shard)]
+        return digest, str(name), int(rows)
 
 
 @dataclass(frozen=True)
@@ -30,6 +65,9 @@ class SourceListing:
 
     source: str
     shards: tuple[ShardInfo, ...]
+    #: ``(shard index, reason)`` of shards listed with no rows because their row count could not
+    #: be read (a corrupt Parquet footer) and the source's ``on_corrupt`` is ``"skip"``
+    quarantined: tuple[tuple[int, str], ...] = ()
 
     @property
     def num_rows(self) -> int:

@@ -20,9 +20,12 @@ from typing import Any, Mapping
 from mdata.errors import InvalidSourceError, UnknownFormatError
 from mdata.sources.transforms import TokenizeText, Transform
 
-__all__ = ["Format", "Source"]
+__all__ = ["Format", "ON_CORRUPT", "Source"]
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+
+#: A source's policies for a chunk that cannot be parsed: fail the job, or quarantine and read on.
+ON_CORRUPT = ("fail", "skip")
 
 
 class Format(str, Enum):
@@ -56,6 +59,9 @@ class Source:
             (counted in ``SampleChunk.skipped``); 0.0 means any failing sample fails the chunk.
         max_tokens: cap on each sample's ``num_tokens`` (text tokens are truncated to fit next to
             the image patches); None for no cap.
+        on_corrupt: what a chunk that cannot be parsed (a :class:`~mdata.errors.CorruptShardError`)
+            does to the job: ``"fail"`` (the default) fails it; ``"skip"`` quarantines the shard's
+            unreadable rows, replaced by the next ones in the source's order (docs/concepts.md).
     """
 
     name: str
@@ -67,6 +73,7 @@ class Source:
     chunk_rows: int = 256
     skip_tolerance: float = 0.0
     max_tokens: int | None = None
+    on_corrupt: str = "fail"
 
     def __post_init__(self) -> None:
         name = self.name
@@ -129,6 +136,12 @@ class Source:
         ):
             raise InvalidSourceError(
                 f"max_tokens must be a positive int or None, got {self.max_tokens!r}", source=name
+            )
+        if self.on_corrupt not in ON_CORRUPT:
+            raise InvalidSourceError(
+                f"on_corrupt must be one of {', '.join(map(repr, ON_CORRUPT))}, got {self.on_corrupt!r}",
+                source=name,
+                hint="'fail' stops the job at a corrupt shard; 'skip' quarantines it and reads on",
             )
         if self.storage_options is not None and not isinstance(self.storage_options, Mapping):
             raise InvalidSourceError(

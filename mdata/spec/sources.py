@@ -17,14 +17,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mdata.errors import PlanError
-from mdata.sources.spec import Format
+from mdata.sources.spec import ON_CORRUPT, Format
 from mdata.spec.refs import Trust, check_plain, encode, is_reference, resolve
 
 __all__ = ["SourceSpec", "source_spec"]
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _KEYS = ("name", "url", "format", "fields", "transform", "storage_options", "chunk_rows",
-         "skip_tolerance", "max_tokens")
+         "skip_tolerance", "max_tokens", "on_corrupt")
 _DEFAULT_TRANSFORM = {"type": "mdata.sources.transforms:TokenizeText", "args": {}}
 
 
@@ -41,6 +41,7 @@ class SourceSpec:
     chunk_rows: int = 256
     skip_tolerance: float = 0.0
     max_tokens: int | None = None
+    on_corrupt: str = "fail"
 
     def __post_init__(self) -> None:
         where = f"source {self.name!r}"
@@ -75,6 +76,9 @@ class SourceSpec:
         cap = self.max_tokens
         if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
             raise PlanError(f"{where}: max_tokens must be a positive int or null, got {cap!r}")
+        if self.on_corrupt not in ON_CORRUPT:
+            raise PlanError(f"{where}: on_corrupt must be one of {list(ON_CORRUPT)}, "
+                            f"got {self.on_corrupt!r}")
 
     @property
     def transform_type(self) -> str:
@@ -92,7 +96,7 @@ class SourceSpec:
             "transform": _plain(self.transform),
             "storage_options": None if self.storage_options is None else _plain(self.storage_options),
             "chunk_rows": self.chunk_rows, "skip_tolerance": self.skip_tolerance,
-            "max_tokens": self.max_tokens,
+            "max_tokens": self.max_tokens, "on_corrupt": self.on_corrupt,
         }
 
     @classmethod
@@ -122,7 +126,7 @@ class SourceSpec:
         return Source(self.name, self.url, format=self.format, fields=self.fields, transform=transform,
                       storage_options=None if self.storage_options is None else dict(self.storage_options),
                       chunk_rows=self.chunk_rows, skip_tolerance=self.skip_tolerance,
-                      max_tokens=self.max_tokens)
+                      max_tokens=self.max_tokens, on_corrupt=self.on_corrupt)
 
 
 def _plain(value: Any) -> Any:
@@ -150,5 +154,5 @@ def source_spec(source: Any) -> SourceSpec:
         transform=encode(source.transform, f"{where}.transform"),
         storage_options=None if options is None else encode(dict(options), f"{where}.storage_options"),
         chunk_rows=source.chunk_rows, skip_tolerance=source.skip_tolerance,
-        max_tokens=source.max_tokens,
+        max_tokens=source.max_tokens, on_corrupt=source.on_corrupt,
     )

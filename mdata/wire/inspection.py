@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from mdata.wire.codec import (
-    Handler, Message, Reader, check_dict, check_float, check_int, check_mapping, check_str,
+    Handler, Message, Reader, check_dict, check_float, check_int, check_mapping, check_str, list_of,
 )
 from mdata.wire.jobs import JobRequest
 from mdata.wire.lineage_status import LineageSpillInfo
@@ -67,7 +67,10 @@ class StatusReply(Message):
     ``recoveries``: what faults cost the job so far, so a recovery
     can be seen and not only inferred from its output (``chunks_reloaded``: chunks loaded again
     because their loader was lost while a step still needed them; ``batches_rebuilt``: built
-    batches lost with their constructor and built again)."""
+    batches lost with their constructor and built again);
+    ``quarantined``: per source whose ``on_corrupt`` is ``"skip"``, the
+    chunks passed over because they cannot be parsed (shard index and path, rows, the step the
+    Planner was at, the reason)."""
 
     job: str
     failure: str | None
@@ -83,6 +86,7 @@ class StatusReply(Message):
     autoscaler: ScalerStatus = field(default_factory=ScalerStatus)
     lineage: LineageSpillInfo = field(default_factory=LineageSpillInfo)
     recoveries: Mapping[str, int] = field(default_factory=dict)
+    quarantined: Mapping[str, tuple[Mapping[str, Any], ...]] = field(default_factory=dict)
 
     def to_msg(self) -> dict[str, Any]:
         return {
@@ -100,6 +104,7 @@ class StatusReply(Message):
             "autoscaler": self.autoscaler.to_msg(),
             "lineage": self.lineage.to_msg(),
             "recoveries": dict(self.recoveries),
+            "quarantined": {k: [dict(q) for q in v] for k, v in self.quarantined.items()},
         }
 
     @classmethod
@@ -120,6 +125,7 @@ class StatusReply(Message):
             autoscaler=read_scaler(r.raw("autoscaler", ScalerStatus().to_msg()), r, "autoscaler"),
             lineage=LineageSpillInfo.from_msg(r.raw("lineage", LineageSpillInfo().to_msg())),
             recoveries=check_mapping(r.raw("recoveries", {}), r, "recoveries", check_int),
+            quarantined=check_mapping(r.raw("quarantined", {}), r, "quarantined", list_of(check_dict)),
         )
         r.done()
         return out
@@ -239,22 +245,26 @@ def _id_rows(value: Any, r: Reader, name: str) -> list[list[int]]:
 @dataclass(frozen=True)
 class LineageReply(Message):
     """Planned sample ids per step (``samples[str(step)][str(dp_rank)]``), the first step the
-    DGraph still keeps, and the exactly-once report over what it keeps."""
+    DGraph still keeps, and the exactly-once report over what it keeps. ``quarantined``: why
+    rows were passed over besides a transform's skips (as :class:`StatusReply`'s)."""
 
     samples: Mapping[str, Mapping[str, list[list[int]]]]
     forgotten_before: int
     exactly_once: ExactlyOnce
+    quarantined: Mapping[str, tuple[Mapping[str, Any], ...]] = field(default_factory=dict)
 
     def to_msg(self) -> dict[str, Any]:
         return {"samples": {s: dict(by_dp) for s, by_dp in self.samples.items()},
                 "forgotten_before": self.forgotten_before,
-                "exactly_once": self.exactly_once.to_msg()}
+                "exactly_once": self.exactly_once.to_msg(),
+                "quarantined": {k: [dict(q) for q in v] for k, v in self.quarantined.items()}}
 
     @classmethod
     def from_msg(cls, msg: Any) -> "LineageReply":
         r = Reader(cls.__name__, msg)
         out = cls(r.mapping("samples", lambda v, rr, f: check_mapping(v, rr, f, _id_rows)),
-                  r.int("forgotten_before"), ExactlyOnce.from_msg(r.raw("exactly_once")))
+                  r.int("forgotten_before"), ExactlyOnce.from_msg(r.raw("exactly_once")),
+                  check_mapping(r.raw("quarantined", {}), r, "quarantined", list_of(check_dict)))
         r.done()
         return out
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from mdata.errors import MdataError
 from mdata.ids import SampleId
+from mdata.planner.quarantine import describe_quarantine
 from mdata.sources import describe_storage_wait
 from scheduler_plugins.lineage_store import story_query
 
@@ -70,8 +71,11 @@ def sources_figures(runtime: "JobRuntime", *, now: float | None = None) -> dict[
     waits = dict(runtime.storage_waits)
     cols: dict[str, list] = {k: [] for k in (
         "source", "samples_per_s", "loaded_samples", "loaded_chunks", "failed_chunks",
-        "backlog_chunks", "backlog_rows", "pool_workers", "target_workers", "reason", "storage")}
+        "backlog_chunks", "backlog_rows", "pool_workers", "target_workers", "reason", "storage",
+        "quarantined")}
+    quarantined = runtime.quarantined()
     for f in figures:
+        cols["quarantined"].append(describe_quarantine(quarantined.get(f.source, ())))
         wait = waits.get(f.source)
         cols["storage"].append("" if wait is None else
                                describe_storage_wait(wait.since, wait.attempts, wait.last_error))

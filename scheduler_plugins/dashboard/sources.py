@@ -29,7 +29,7 @@ from scheduler_plugins.dashboard.common import JobSelect, colour, job_message, s
 from scheduler_plugins.dashboard.figures import pools_timeline, sources_figures
 
 COLUMNS = ("source", "samples_per_s", "loaded_samples", "backlog_chunks", "backlog_rows",
-           "failed_chunks", "pool_workers", "target", "reason", "storage", "color")
+           "failed_chunks", "pool_workers", "target", "reason", "storage", "quarantined", "color")
 LINES = ("xs", "ys", "source_name", "color")
 DECISIONS = ("time", "target", "source_name", "kind", "by", "reason", "color")
 
@@ -78,6 +78,7 @@ class SourcesPanel:
                 TableColumn(field="target", title="target", width=50),
                 TableColumn(field="reason", title="reason", width=500),
                 TableColumn(field="storage", title="storage", width=500),
+                TableColumn(field="quarantined", title="quarantined (on_corrupt='skip')", width=500),
             ],
         )
         self.message = Div()

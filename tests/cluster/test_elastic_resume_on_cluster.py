@@ -11,7 +11,9 @@ import shutil
 import threading
 from collections import Counter
 from dataclasses import replace
+from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from conftest import run_loaders
@@ -132,26 +134,41 @@ def test_a_mixture_change_is_refused_unless_allowed_then_exact_and_repeats_nothi
 
 def test_appended_shards_are_refused_unless_accepted_then_read_after_the_known_ones(
         client, text_sources, tmp_path):
+    """The live loaders listed the source when it had one shard; the resume that accepts a second
+    one reaches it within its steps, so the loaders must list again (the load task carries its
+    job's listing digest) and the trainers receive the appended shard's rows."""
     code = next(s for s in text_sources if s.name == "code")
     folder = tmp_path / "code"
-    shutil.copytree(code.url.rsplit("/", 1)[0], folder)
-    shards = sorted(folder.glob("*.parquet"))
+    folder.mkdir()
+    known = sorted(Path(code.url.rsplit("/", 1)[0]).glob("*.parquet"))[0]
+    shutil.copy(known, folder / known.name)
+    rows = pq.read_metadata(known).num_rows
     source = replace(code, url=str(folder / "*.parquet"))
-    plan = plan_for([source], dp=2, global_batch=8)
+    batch, before, after = 32, 3, 3  # the known epoch ends inside the first step after the resume
+    assert batch * before < rows < batch * (before + after) - batch
+    plan = plan_for([source], dp=2, global_batch=batch)
     submit_job(client, plan, job="elastic-grow")
     states: dict[int, dict] = {}
-    first = run_loaders(client, job="elastic-grow", world_size=2, steps=3, keep=ids, states=states)
-    shutil.copy(shards[0], folder / "part-99999.parquet")  # sorts after every known shard
-    with pytest.raises(CheckpointError, match=rf"1 shards were appended after its {len(shards)} "
+    first = run_loaders(client, job="elastic-grow", world_size=2, steps=before, keep=ids,
+                        states=states)
+    shutil.copy(known, folder / "part-99999.parquet")  # sorts after every known shard
+    with pytest.raises(CheckpointError, match=r"1 shards were appended after its 1 "
                                               r"shards \('part-99999.parquet'"):
         resume_loaders(client, job="elastic-grown-refused", plan=plan, world_size=2, steps=1,
                        states=states)
-    resumed = resume_loaders(client, job="elastic-grown", plan=plan, world_size=2, steps=3,
+    resumed = resume_loaders(client, job="elastic-grown", plan=plan, world_size=2, steps=after,
                              states=states, accept_appended_shards=True)
     seen = [x for samples in per_step(first).values() for x in samples]
-    after = [x for samples in per_step(resumed).values() for x in samples]
-    assert not set(seen) & set(after) and len(set(after)) == len(after)
-    assert all(shard < len(shards) for _, shard, _ in after)  # the known epoch continues first
+    got = per_step(resumed)
+    assert list(got) == list(range(before, before + after))
+    assert all(len(v) == batch for v in got.values())
+    taken = [x for samples in got.values() for x in samples]
+    assert not set(seen) & set(taken) and len(set(taken)) == len(taken)
+    # the known epoch continues first: every row of the known shard exactly once over both runs
+    assert sorted(r for _, shard, r in seen + taken if shard == 0) == list(range(rows))
+    appended = [r for _, shard, r in taken if shard == 1]
+    assert len(appended) == batch * (before + after) - rows  # the trainers read the new shard
+    assert all(0 <= r < rows for r in appended)
     close(client, "elastic-grow", "elastic-grown-refused", "elastic-grown")
 
 
