@@ -10,7 +10,9 @@ they apply a rule of their own, read from *their* configuration, never from the 
   ``mdata.workers.trusted-modules`` (or below one);
 - **URLs**: every protocol of the source's URL (each link of a chained ``a::b://...`` URL; a plain
   path is ``file``) must be in ``mdata.workers.url-protocols``; so must a built-in transform's
-  tokenizer when it is given as a URL;
+  tokenizer when it is given as a URL. With ``mdata.workers.local-roots`` set, a local path (the
+  URL's or the tokenizer's) must also lie under one of those folders (after ``..`` is resolved;
+  symbolic links are not followed here);
 - **storage options**, at any depth: no key that picks the filesystem (``protocol``,
   ``target_protocol``, ``fo``...), no key that names local credentials (``profile``,
   ``profile_name``, ``key_filename``, ``pkey``, ``client_keys``, and any key ending in ``_file``,
@@ -27,6 +29,7 @@ registered the plan gets it, and the job is not registered.
 
 from __future__ import annotations
 
+import posixpath
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -82,6 +85,7 @@ class WorkerTrust:
     modules: tuple[str, ...] = ()
     protocols: tuple[str, ...] = DEFAULT_URL_PROTOCOLS
     allow_local_credentials: bool = False
+    local_roots: tuple[str, ...] | None = None  # None: any local path the worker can read
 
     def transforms(self, source: str) -> Trust:
         """The :class:`Trust` a source's transform is resolved under on this worker: its
@@ -118,7 +122,8 @@ class WorkerTrust:
         trust = self.transforms(name)
         for path, what in _references(transform, f"transform of source {name!r}"):
             trust.check(path, what)
-        if transform["type"] in BUILTIN_TRANSFORMS and isinstance(tokenizer, str) and ("://" in tokenizer or "::" in tokenizer):
+        if transform["type"] in BUILTIN_TRANSFORMS and isinstance(tokenizer, str) and (
+                "://" in tokenizer or "::" in tokenizer or "/" in tokenizer or "\\" in tokenizer):
             self._check_url(name, "transform.args.tokenizer", tokenizer)
 
     def _check_url(self, source: str, field: str, url: str) -> None:
@@ -131,6 +136,34 @@ class WorkerTrust:
                 source=source, field=field,
                 hint="use a protocol the workers allow, or have their operator add it to "
                 "mdata.workers.url-protocols")
+        if self.local_roots is not None:
+            for path in _local_paths(url):
+                if not any(path == root or path.startswith(root.rstrip("/") + "/")
+                           for root in map(_normalized, self.local_roots)):
+                    raise UntrustedSourceError(
+                        f"field {field!r}: {url!r} reads {path!r}, outside the folders this loader "
+                        f"worker reads (mdata.workers.local-roots: {', '.join(self.local_roots) or 'none'})",
+                        source=source, field=field,
+                        hint="put the data under one of those folders, or have the workers' operator "
+                        "add its folder to mdata.workers.local-roots")
+
+
+def _normalized(path: str) -> str:
+    return posixpath.normpath(path.replace("\\", "/"))
+
+
+def _local_paths(url: str) -> list[str]:
+    """The local paths ``url`` names (its ``file`` links), normalized; a relative path (whose
+    meaning depends on the worker's folder) as it is, so that no root contains it."""
+    out = []
+    for link, protocol in zip(url.split("::"), url_protocols(url)):
+        if protocol != "file":
+            continue
+        for prefix in ("file://", "local://"):
+            if link.startswith(prefix):
+                link = link[len(prefix):]
+        out.append(_normalized(link) if link.startswith("/") else link)
+    return out
 
 
 def _references(value: Any, what: str) -> Iterable[tuple[str, str]]:
@@ -190,4 +223,6 @@ def worker_trust() -> WorkerTrust:
         modules=_names(config.get("workers.trusted-modules")),
         protocols=DEFAULT_URL_PROTOCOLS if protocols is None else _names(protocols),
         allow_local_credentials=bool(config.get("workers.allow-local-credentials")),
+        local_roots=None if config.get("workers.local-roots") is None
+        else _names(config.get("workers.local-roots")),
     )

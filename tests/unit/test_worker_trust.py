@@ -178,3 +178,23 @@ def test_the_loaders_apply_their_rule_on_every_task(tmp_path):
         build_source(attack)
     with pytest.raises(UntrustedSourceError, match=r"protocol 'http'"):
         load_chunk_task(spec("http://example.com/a.parquet"), 0, 0, 1)
+
+
+def test_local_roots_keep_local_paths_under_the_folders_the_operator_names():
+    trust = WorkerTrust(local_roots=("/data", "/scratch/corpus/"))
+    for url in ("/data/chat/*.parquet", "file:///data/chat", "/scratch/corpus/x.jsonl", "/data"):
+        trust.check(spec(url))
+    trust.check(spec("s3://b/k"))  # not a local path
+    refused(trust, spec("/data/../home/op/.aws/credentials"), "url",
+            r"reads '/home/op/.aws/credentials', outside the folders this loader worker reads "
+            r"\(mdata.workers.local-roots: /data, /scratch/corpus/\)")
+    refused(trust, spec("file:///etc/passwd"), "url", r"reads '/etc/passwd'")
+    refused(trust, spec("/database/x"), "url", r"outside the folders")  # a prefix is not a folder
+    refused(trust, spec("relative/x.parquet"), "url", r"reads 'relative/x.parquet'")
+    tok = spec(transform={"type": "mdata.sources.transforms:TokenizeText",
+                          "args": {"tokenizer": "/home/op/secret.json"}})
+    refused(trust, tok, "transform.args.tokenizer", r"reads '/home/op/secret.json'")
+    WorkerTrust().check(spec("/anywhere/at/all"))  # the default: any path the worker can read
+    with dask.config.set({"mdata.workers.local-roots": ["/data"]}):
+        assert worker_trust().local_roots == ("/data",)
+        refused(worker_trust(), spec("/etc/x"), "url", r"local-roots: /data")
