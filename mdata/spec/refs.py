@@ -66,7 +66,8 @@ class Trust:
             module == m or module.startswith(m + ".") for m in self.modules)
 
     def check(self, path: str, what: str) -> None:
-        """Raise PlanError unless ``path`` may be imported here (before importing anything)."""
+        """Raise PlanError (or what ``refuse`` builds) unless ``path`` may be imported here
+        (before importing anything)."""
         if self.modules is None or path in self.builtins:
             return
         if not self._in_modules(path.partition(":")[0]):

@@ -28,6 +28,7 @@ from mdata.errors import PlanError, UntrustedSourceError
 from mdata.mesh import ClientPlaceTree
 from mdata.plan import Plan
 from mdata.spec import SourceSpec
+from mdata.trainer import Loader
 from mdata.wire.errors import InvalidRequestError, MessageError
 
 from conftest import run_loaders
@@ -143,6 +144,13 @@ def test_workers_refuse_an_untrusted_transform_with_a_typed_error_to_the_registe
             submit_job(client, Plan.from_spec(spec, build_sources=False), job=f"untrusted-{i}")
         assert (info.value.source, info.value.field) == ("code", "transform")
         assert f"untrusted-{i}" not in client.sync(client.scheduler.mdata_jobs)
+    # a trainer that registers the plan itself (Loader(plan=)) gets the same typed error
+    spec = _spec(cluster["sources"], code_transform=cases[0][0])
+    with pytest.raises(UntrustedSourceError, match=r"source 'code': field 'transform'"):
+        with Loader(client, job="untrusted-rank", rank=0, world_size=1, steps=1, timeout=60,
+                    plan=Plan.from_spec(spec, build_sources=False)) as loader:
+            list(loader)
+    assert "untrusted-rank" not in client.sync(client.scheduler.mdata_jobs)
     assert not marker.exists()
 
     def imported(name=UNTRUSTED_MODULE):
