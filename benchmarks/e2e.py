@@ -240,7 +240,18 @@ def run_processes(cfg: ProcessRun) -> dict[str, dict]:
     here, there = ctx.Pipe()
     host = ctx.Process(target=_cluster_host_main,
                        args=(sources, _plan(cfg, sources, meta), "e2e", int(cfg.cores_here), there))
-    host.start()
+    # the loaders build DecodeInterleaved only from a module they trust; the spawned cluster host
+    # reads its configuration from the environment, and its nannies hand it to the workers
+    trusted = "DASK_MDATA__WORKERS__TRUSTED_MODULES"
+    before = os.environ.get(trusted)
+    os.environ[trusted] = "benchmarks.e2e_data"
+    try:
+        host.start()
+    finally:
+        if before is None:
+            os.environ.pop(trusted)
+        else:
+            os.environ[trusted] = before
     try:
         if not here.poll(300):
             raise TimeoutError("the mdata cluster did not start within 300 s")

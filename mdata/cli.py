@@ -173,7 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--host", default="127.0.0.1")
     up.add_argument("--constructors", type=int, default=None)
     up.add_argument("--port", type=int, default=8786, help="scheduler port (0: any free port)")
-    up.add_argument("--dashboard-address", default=":8787", help="dashboard address (':0': any port)")
+    up.add_argument("--dashboard-address", default=":8787", help="dashboard address; without a host it binds to --host "
+                    "(':0': any port; '0.0.0.0:8787': every interface)")
     up.add_argument("--plan", default=None,
                     help="a plan file (docs/plan-files.md): serve its sources and register it as --job "
                     "(default: the example corpus in --data, no job)")

@@ -19,6 +19,7 @@ __all__ = [
     "ImageDecodeError",
     "SkipBudgetExceededError",
     "InvalidSourceError",
+    "UntrustedSourceError",
     "RowRangeError",
     "ListingChangedError",
     "RowTooLargeError",
@@ -130,6 +131,25 @@ class SkipBudgetExceededError(SourceError):
 
 class InvalidSourceError(SourceError, ValueError):
     """A Source spec is invalid: bad name, chunk size, tolerance, fields, or a tokenizer not found."""
+
+
+class UntrustedSourceError(InvalidSourceError):
+    """A loader worker refused what a source of a plan names: a transform outside the workers'
+    trust list, a URL protocol outside their allow-list, or a storage option that names local
+    credentials (see ``mdata.workers.*`` and docs/deploying.md). ``field`` names the part of the
+    source at fault (``transform``, ``url``, ``storage_options.profile``...)."""
+
+    def __init__(self, message: str, *, source: str, field: str | None = None,
+                 shard: str | int | None = None, row: int | None = None, hint: str | None = None) -> None:
+        self.field = field
+        super().__init__(message, source=source, shard=shard, row=row, hint=hint)
+
+    def __reduce__(self):  # keep the field across pickling too
+        return (_rebuild_untrusted, (type(self), self.message, self.source, self.field, self.hint))
+
+
+def _rebuild_untrusted(cls, message, source, field, hint):
+    return cls(message, source=source, field=field, hint=hint)
 
 
 class RowRangeError(SourceError, IndexError):

@@ -17,13 +17,14 @@ from typing import Any
 
 import numpy as np
 
-from mdata.errors import PlanError, SourceError
+from mdata.errors import PlanError, SourceError, UntrustedSourceError
 # Light modules only: the readers (pyarrow, fsspec) are imported by the first load or listing, so
 # the scheduler and constructors, which import this module for its names, never load them.
 from mdata.sources.chunk import SampleChunk
 from mdata.sources.spec import Source
 from mdata.sources.waits import storage_waits
 from mdata.spec import SourceSpec
+from mdata.spec.worker_trust import worker_trust
 from mdata.wire.errors import InvalidRequestError
 from mdata.wire.messages import (
     Status, StorageWaitsReply, StorageWaitsRequest, TakeRowsManyReply, TakeRowsManyRequest,
@@ -36,7 +37,11 @@ _built_lock = threading.Lock()
 
 def build_source(source: Source | SourceSpec) -> Source:
     """The Source of a load task's spec, built once per process: this is where a source's
-    transform is imported (on the loaders that run it, never on the scheduler)."""
+    transform is imported (on the loaders that run it, never on the scheduler), under this
+    worker's own rule for transforms, URLs and storage options (``mdata.workers.*``,
+    :mod:`mdata.spec.worker_trust`), checked on every task before anything is imported or opened."""
+    trust = worker_trust()
+    trust.check(source)  # UntrustedSourceError naming the source and the field
     if isinstance(source, Source):
         return source
     key = source.key()
@@ -45,7 +50,7 @@ def build_source(source: Source | SourceSpec) -> Source:
         with _built_lock:
             built = _built.get(key)
             if built is None:
-                built = _built[key] = source.build()
+                built = _built[key] = source.build(trust.transforms(source.name))
     return built
 
 
@@ -94,6 +99,9 @@ def list_shards_task(source: Source | SourceSpec) -> dict[str, Any]:
     and whether the transform yields images."""
     try:
         built = build_source(source)
+    except UntrustedSourceError as exc:  # typed, to the trainer or driver that registers the plan
+        raise UntrustedSourceError(f"{exc.message} (refused on worker {_worker_address()})",
+                                   source=exc.source, field=exc.field, hint=exc.hint) from None
     except Exception as exc:
         raise PlanError(f"source {source.name!r} cannot be built on worker {_worker_address()}: "
                         f"{type(exc).__name__}: {exc}") from None

@@ -19,6 +19,7 @@ os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")  # before Dask is 
 
 from my_job import JOB, make_data, my_plan, my_sources
 
+import dask
 from distributed import Client
 
 from mdata.driver import start_cluster
@@ -45,6 +46,9 @@ def main() -> int:
         if args.attach:
             client = stack.enter_context(Client(args.attach, set_as_default=False))
         else:
+            # Loaders build mdata's own transforms and those of the modules their operator trusts:
+            # trust this job's module (QATemplate) on the embedded workers, which inherit this config.
+            stack.enter_context(dask.config.set({"mdata.workers.trusted-modules": ["my_job"]}))
             cluster = stack.enter_context(start_cluster(sources, scheduler_port=args.port))
             client = stack.enter_context(cluster.client(set_as_default=False))
         job = JobHandle.submit(client, plan, job=JOB)

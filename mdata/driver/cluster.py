@@ -215,6 +215,26 @@ def _worker(threads: int, resources: Mapping[str, int], memory_limit, host: str)
     }
 
 
+def dashboard_on_host(dashboard_address: str | int | None, host: str) -> str | None:
+    """``dashboard_address`` with the scheduler's ``host`` where it names none (``":8787"``,
+    ``8787``). Dask binds a host-less dashboard address to every interface (0.0.0.0) whatever host
+    the scheduler binds, so a cluster kept on loopback would still show its sources, lineage and
+    worker logs to the whole network. An address with a host (``"0.0.0.0:8787"``) is kept."""
+    if dashboard_address is None:
+        return None
+    if ":" in host:  # an IPv6 host: Dask's dashboard addresses cannot spell one; leave it alone
+        return str(dashboard_address)
+    parts = []
+    for part in str(dashboard_address).split(","):
+        part = part.strip()
+        if part.isdigit():
+            part = f"{host}:{part}"
+        elif part.startswith(":"):
+            part = f"{host}{part}"
+        parts.append(part)
+    return ",".join(parts)
+
+
 def start_cluster(
     sources: Sequence,
     *,
@@ -230,7 +250,9 @@ def start_cluster(
 ) -> MdataCluster:
     """Start an embedded cluster for ``sources``: a Planner scheduler, loader pools, constructors.
 
-    Binds to loopback by default. ``pools`` (PoolSpecs, or a layout's pools) defaults to the pools
+    Binds to loopback by default (``mdata.cluster.host``), the dashboard too: a
+    ``dashboard_address`` without a host (``":0"``, ``":8787"``) binds to ``host``
+    (:func:`dashboard_on_host`); give ``"0.0.0.0:8787"`` to serve it on every interface. ``pools`` (PoolSpecs, or a layout's pools) defaults to the pools
     of ``layout`` (a :class:`~mdata.pool_layout.PoolLayout` computed from a profile), else to
     :func:`default_pools`. Every source must be served by some pool, or its load tasks would wait
     forever; that is checked here. ``autoscale``
@@ -257,6 +279,7 @@ def start_cluster(
         raise PlanError(f"no pool serves source(s) {missing}; add them to a PoolSpec")
     if constructors < 1:
         raise PlanError("an mdata cluster needs at least one constructor worker")
+    dashboard_address = dashboard_on_host(dashboard_address, host)
     workers: dict[str, dict] = {}
     for pool in pools:
         for i in range(pool.workers):

@@ -2,6 +2,8 @@
 
 - :mod:`mdata.spec.refs` — references to importable objects (transforms, cost models, policies)
   and who may import them (:class:`Trust`; the scheduler's rule is :func:`scheduler_trust`);
+- :mod:`mdata.spec.worker_trust` — what a loader worker agrees to build and open for a plan
+  (:func:`~mdata.spec.worker_trust.worker_trust`: transforms, URL protocols, storage options);
 - :mod:`mdata.spec.sources` — :class:`SourceSpec`, a source as plain data;
 - :mod:`mdata.spec.plan_spec` — ``Plan <-> dict`` (``Plan.to_spec()`` / ``Plan.from_spec()``);
 - :mod:`mdata.spec.files` — the same spec as a YAML or JSON file;

@@ -26,7 +26,7 @@ import dataclasses
 import importlib
 import inspect
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from mdata.errors import MdataError, PlanError
@@ -51,19 +51,28 @@ class Trust:
     since the object's own ``__module__`` and ``__qualname__`` must match the reference.
     """
 
-    def __init__(self, modules: Iterable[str] | None = None, *, where: str = "") -> None:
+    def __init__(self, modules: Iterable[str] | None = None, *, where: str = "",
+                 builtins: Iterable[str] = BUILTIN_REFERENCES,
+                 refuse: Callable[[str, str, str], Exception] | None = None) -> None:
         self.modules = None if modules is None else tuple(str(m) for m in modules)
         self.where = where
+        self.builtins = frozenset(builtins)
+        # refuse(path, what, reason) -> the error to raise instead of the scheduler's PlanError
+        # (a loader worker names the source and the field: mdata.spec.worker_trust)
+        self.refuse = refuse
 
     def _in_modules(self, module: str) -> bool:
         return self.modules is None or any(
             module == m or module.startswith(m + ".") for m in self.modules)
 
     def check(self, path: str, what: str) -> None:
-        """Raise PlanError unless ``path`` may be imported here (before importing anything)."""
-        if self.modules is None or path in BUILTIN_REFERENCES:
+        """Raise PlanError (or what ``refuse`` builds) unless ``path`` may be imported here
+        (before importing anything)."""
+        if self.modules is None or path in self.builtins:
             return
         if not self._in_modules(path.partition(":")[0]):
+            if self.refuse is not None:
+                raise self.refuse(path, what, "is not in a trusted module")
             trusted = ", ".join(self.modules) or "none"
             raise PlanError(
                 f"{what} {path!r} is not imported {self.where or 'here'}: the scheduler never "
@@ -75,10 +84,12 @@ class Trust:
 
     def check_object(self, obj: Any, path: str, what: str) -> None:
         """After import: the object must be defined where the reference says (no re-exports)."""
-        if self.modules is None or path in BUILTIN_REFERENCES:
+        if self.modules is None or path in self.builtins:
             return
         module, _, name = path.partition(":")
         if getattr(obj, "__module__", None) != module or getattr(obj, "__qualname__", None) != name:
+            if self.refuse is not None:
+                raise self.refuse(path, what, f"names {obj!r:.80}, which is not defined in {module!r}")
             raise PlanError(
                 f"{what} {path!r} names {obj!r}, which is not defined in {module!r}; the scheduler "
                 "imports only objects defined in the modules it trusts"

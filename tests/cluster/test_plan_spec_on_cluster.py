@@ -4,7 +4,8 @@ and every handler refuses out-of-range arguments with a clear error.
 
 The cluster of this module gives its workers one more folder on ``sys.path`` (a worker preload): a
 module written there exists for the loaders only, never for the scheduler, which runs in this test
-process, and this process never imports it either.
+process, and this process never imports it either. The workers trust one of the two modules there
+(``mdata.workers.trusted-modules``), not the other.
 """
 
 from __future__ import annotations
@@ -18,13 +19,16 @@ import dask
 import distributed  # noqa: F401  its config defaults must exist before dask.config.set below:
 import pytest       # otherwise leaving the set would delete the whole 'distributed' section
 
+import mdata.config  # noqa: F401  the same for mdata's (mdata.workers.trusted-modules below)
+
 from mdata.cost import AttentionCost
 from mdata.data.example import example_sources
 from mdata.driver import PoolSpec, start_cluster, submit_job
-from mdata.errors import PlanError
+from mdata.errors import PlanError, UntrustedSourceError
 from mdata.mesh import ClientPlaceTree
 from mdata.plan import Plan
 from mdata.spec import SourceSpec
+from mdata.trainer import Loader
 from mdata.wire.errors import InvalidRequestError, MessageError
 
 from conftest import run_loaders
@@ -32,6 +36,7 @@ from conftest import run_loaders
 pytestmark = pytest.mark.cluster
 
 USER_MODULE = f"mdata_worker_only_{uuid.uuid4().hex[:8]}"
+UNTRUSTED_MODULE = f"mdata_worker_untrusted_{uuid.uuid4().hex[:8]}"
 USER_CODE = '''
 """A user transform that exists only on the workers of the test cluster."""
 from dataclasses import dataclass
@@ -63,9 +68,12 @@ class _Touch:
 def cluster(example_corpus, tmp_path_factory):
     folder = tmp_path_factory.mktemp("worker-only")
     (folder / f"{USER_MODULE}.py").write_text(textwrap.dedent(USER_CODE))
+    (folder / f"{UNTRUSTED_MODULE}.py").write_text(textwrap.dedent(USER_CODE))
     sources = [s for s in example_sources(example_corpus) if s.name in ("chat", "code")]
     preload = f"import sys; sys.path.insert(0, {str(folder)!r})"  # workers only
-    with dask.config.set({"distributed.worker.preload": [preload]}):
+    # the nannies hand this configuration to the workers they start: their own trust list
+    with dask.config.set({"distributed.worker.preload": [preload],
+                          "mdata.workers.trusted-modules": [USER_MODULE]}):
         with start_cluster(sources, pools=[PoolSpec("text", ("chat", "code"))], constructors=1,
                            constructor_threads=1) as c, c.client(set_as_default=False) as client:
             yield {"client": client, "sources": sources}
@@ -107,12 +115,68 @@ def test_a_transform_only_the_workers_can_import_runs_there_and_never_on_the_sch
 
 def test_a_transform_no_loader_can_import_fails_registration_naming_it_and_the_worker(cluster):
     client = cluster["client"]
-    spec = _spec(cluster["sources"], code_transform={"type": "no_such_module_anywhere:Shout", "args": {}})
+    missing = f"{USER_MODULE}.no_such_module:Shout"  # under a trusted module, so it is imported
+    spec = _spec(cluster["sources"], code_transform={"type": missing, "args": {}})
     with pytest.raises(PlanError, match=r"source 'code' cannot be built on worker tcp://[\d.:]+: PlanError: "
                                         r"cannot import transform of source 'code' "
-                                        r"'no_such_module_anywhere:Shout': ModuleNotFoundError"):
+                                        rf"'{missing}': ModuleNotFoundError"):
         submit_job(client, Plan.from_spec(spec, build_sources=False), job="unimportable")
     assert "unimportable" not in client.sync(client.scheduler.mdata_jobs)
+
+
+def test_workers_refuse_an_untrusted_transform_with_a_typed_error_to_the_registering_driver(
+        cluster, tmp_path):
+    """A plan naming code outside the workers' trust list (a stdlib function, a user module they
+    can import but do not trust) is refused at registration, naming the source and the field,
+    before anything of it is imported or run; the job is not registered."""
+    client = cluster["client"]
+    marker = tmp_path / "ran"
+    cases = [
+        ({"type": "os:system", "args": {"command": f"touch {marker}"}}, "'os:system'"),
+        ({"type": f"{UNTRUSTED_MODULE}:UpperText", "args": {"field": "text"}}, f"'{UNTRUSTED_MODULE}:UpperText'"),
+    ]
+    for i, (transform, named) in enumerate(cases):
+        spec = _spec(cluster["sources"], code_transform=transform)
+        with pytest.raises(UntrustedSourceError, match=rf"source 'code': field 'transform': .*{named}, which "
+                                                       r"is not in a trusted module on this loader worker"
+                                                       rf".*trusted-modules: {USER_MODULE}\).*refused on "
+                                                       r"worker tcp://127\.0\.0\.1:\d+") as info:
+            submit_job(client, Plan.from_spec(spec, build_sources=False), job=f"untrusted-{i}")
+        assert (info.value.source, info.value.field) == ("code", "transform")
+        assert f"untrusted-{i}" not in client.sync(client.scheduler.mdata_jobs)
+    # a trainer that registers the plan itself (Loader(plan=)) gets the same typed error
+    spec = _spec(cluster["sources"], code_transform=cases[0][0])
+    with pytest.raises(UntrustedSourceError, match=r"source 'code': field 'transform'"):
+        with Loader(client, job="untrusted-rank", rank=0, world_size=1, steps=1, timeout=60,
+                    plan=Plan.from_spec(spec, build_sources=False)) as loader:
+            list(loader)
+    assert "untrusted-rank" not in client.sync(client.scheduler.mdata_jobs)
+    assert not marker.exists()
+
+    def imported(name=UNTRUSTED_MODULE):
+        import sys
+
+        return name in sys.modules
+
+    assert True not in client.run(imported).values()  # refused by name, never imported
+
+
+def test_workers_refuse_urls_and_storage_options_outside_their_rule(cluster):
+    client = cluster["client"]
+    plain = _spec(cluster["sources"])
+    (code,) = [s for s in plain["sources"] if s["name"] == "code"]
+    for change, field, job in [
+        ({"url": "http://127.0.0.1:1/code/*.jsonl"}, "url", "http"),
+        ({"url": "simplecache::" + code["url"]}, "url", "chained"),
+        ({"storage_options": {"profile": "prod"}}, "storage_options.profile", "profile"),
+    ]:
+        spec = _spec(cluster["sources"])
+        (src,) = [s for s in spec["sources"] if s["name"] == "code"]
+        src.update(change)
+        with pytest.raises(UntrustedSourceError, match=rf"source 'code': field '{field}'") as info:
+            submit_job(client, Plan.from_spec(spec, build_sources=False), job=job)
+        assert info.value.field == field
+        assert job not in client.sync(client.scheduler.mdata_jobs)
 
 
 def test_a_client_cost_model_is_refused_by_the_scheduler(cluster):

@@ -123,3 +123,40 @@ def stop(proc: subprocess.Popen) -> None:
     proc.log.close()
     assert "Traceback" not in log, log[-6000:]
 
+
+
+def test_cluster_up_listens_on_loopback_only_with_a_dashboard_address_without_host(tmp_path):
+    """The default ``--dashboard-address`` names a port only (':8787'); such an address binds to
+    ``--host`` (loopback) like the scheduler, never to every interface. Read from the kernel for
+    the command's process and every worker process under it."""
+    from urllib.parse import urlparse
+
+    from fixtures_sockets import listening, not_loopback, process_tree
+
+    from mdata.sources import Source, TokenizeText
+
+    data = tmp_path / "notes"
+    data.mkdir()
+    (data / "part-0.jsonl").write_text("".join(f'{{"body": "note {i}"}}\n' for i in range(20)))
+    plan = (Plan([Source("notes", str(data), format="jsonl", transform=TokenizeText(field="body"))])
+            .mix({"notes": 1.0}).cost(AttentionCost(a=1.0, b=2048.0))
+            .balance(micro_batches=1, max_tokens=512, global_batch=4)
+            .distribute(ClientPlaceTree(dp=1)).seed(1))
+    path = plan.to_file(tmp_path / "notes.yaml")
+    mdata = Path(sys.executable).with_name("mdata")
+    log = tempfile.TemporaryFile(mode="w+")
+    proc = subprocess.Popen([str(mdata), "cluster", "up", "--plan", str(path), "--job", "notes",
+                             "--port", "0", "--dashboard-address", ":0"],
+                            stdout=subprocess.PIPE, stderr=log, text=True)
+    proc.log = log
+    try:
+        lines = printed_lines(proc)
+        dashboard = urlparse(lines["dashboard"])
+        assert dashboard.hostname == "127.0.0.1"
+        pids = process_tree(proc.pid)
+        assert len(pids) >= 3  # the command (scheduler, nannies), a loader, a constructor
+        sockets = listening(pids)
+        assert dashboard.port in {port for _, port in sockets[proc.pid]}, sockets
+        assert not_loopback(sockets) == {}, sockets
+    finally:
+        stop(proc)
