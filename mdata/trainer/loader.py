@@ -33,7 +33,7 @@ from typing import Any
 
 from mdata.errors import MeshError, RankTakenError, TrainerError, TrainerTimeoutError
 from mdata.trainer.checkpoints import JobData, checkpoint_of, loader_state
-from mdata.trainer.storage_notice import StorageNotice
+from mdata.trainer.patience import Patience
 from mdata.wire.messages import (
     AckRequest, AttachRequest, BatchLocation, BatchLocationRequest, DetachRequest, GetBatchRequest,
     JobInfo, JobInfoRequest, JobsRequest, NoHandlerError, RegisterJobRequest, ReportMetricsRequest,
@@ -168,7 +168,9 @@ class Loader:
         self._thread: threading.Thread | None = None
         self.wait_seconds = 0.0
         self.fetch_seconds = 0.0
-        self._storage_notice = StorageNotice(self.client, job, self.rank)  # long waits: why
+        # a late batch: its timeout does not run while the job waits on storage (and the log says so)
+        self._patience = Patience(self.client, job, self.rank, timeout=self.timeout,
+                                  poll_interval=self.poll_interval)
 
     def attach(self) -> dict:
         """Register (or find) the job, check this rank against its mesh and lease the rank;
@@ -243,7 +245,7 @@ class Loader:
         while self.steps is None or delivered < self.steps:
             began = time.monotonic()
             try:
-                item = self._queue.get(timeout=self.timeout)
+                item = self._patience.take(self._queue)
             except queue.Empty:
                 raise TrainerTimeoutError(
                     f"rank {self.rank}: no batch for step {self._next_step} within {self.timeout:.0f}s; "
@@ -333,10 +335,9 @@ class Loader:
                 time.sleep(0.1)
 
     def _locate(self, step: int, delivered: int | None = None) -> BatchLocation:
-        began = time.monotonic()
-        deadline = began + self.timeout
+        wait = self._patience.begin()  # the timeout, stretched while storage is waited out
         while True:
-            poll = max(0.1, min(self.poll_interval, deadline - time.monotonic()))
+            poll = self._patience.poll_s(wait, self.poll_interval)
             reply = ask_sync(self.client, BatchLocationRequest(
                 job=self.job, rank=self.rank, step=step, timeout=poll, token=self._token,
                 generation=self._generation, delivered=delivered))
@@ -347,8 +348,7 @@ class Loader:
                 raise reply.failure(f"rank {self.rank}, step {step}")
             if self._stop.is_set():
                 raise TrainerError("loader closed")
-            self._storage_notice.waiting(step, time.monotonic() - began)
-            if time.monotonic() > deadline:
+            if not self._patience.keep_waiting(wait, step):
                 raise TrainerTimeoutError(
                     f"rank {self.rank}: the batch of step {step} was not ready within "
                     f"{self.timeout:.0f}s; check the Planner's dashboard for a stalled source pool"
