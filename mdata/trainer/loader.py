@@ -34,6 +34,7 @@ from typing import Any
 from mdata.errors import MeshError, RankTakenError, TrainerError, TrainerTimeoutError
 from mdata.trainer.checkpoints import JobData, checkpoint_of, loader_state
 from mdata.trainer.patience import Patience
+from mdata.trainer.scheduler_loss import as_scheduler_loss, detach_quietly, scheduler_calls
 from mdata.wire.messages import (
     AckRequest, AttachRequest, BatchLocation, BatchLocationRequest, DetachRequest, GetBatchRequest,
     JobInfo, JobInfoRequest, JobsRequest, NoHandlerError, RegisterJobRequest, ReportMetricsRequest,
@@ -168,7 +169,6 @@ class Loader:
         self._thread: threading.Thread | None = None
         self.wait_seconds = 0.0
         self.fetch_seconds = 0.0
-        # a late batch: its timeout does not run while the job waits on storage (and the log says so)
         self._patience = Patience(self.client, job, self.rank, timeout=self.timeout,
                                   poll_interval=self.poll_interval)
 
@@ -268,10 +268,11 @@ class Loader:
         asks for the next batch). The Planner releases a step once every rank consumed it."""
         step, self._taken = self._taken, None
         if step is not None:
-            ask_sync(self.client, AckRequest(job=self.job, rank=self.rank, step=step,
-                                             consumed=True, token=self._token,
-                                             generation=self._generation,
-                                             stalled_s=self.wait_seconds))
+            with scheduler_calls(self.client, self.rank):  # a lost scheduler: say so
+                ask_sync(self.client, AckRequest(job=self.job, rank=self.rank, step=step,
+                                                 consumed=True, token=self._token,
+                                                 generation=self._generation,
+                                                 stalled_s=self.wait_seconds))
 
     def _prefetch_loop(self) -> None:
         from mdata.trainer.tensors import batch_to_torch
@@ -305,7 +306,7 @@ class Loader:
                 self._tell_delivered(delivered)
         except BaseException as exc:  # surface every failure to the consumer, never hang it
             if not self._stop.is_set():  # closed: nobody reads, and a full queue would block
-                self._queue.put(exc)
+                self._queue.put(as_scheduler_loss(exc, self.client, self.rank))
 
     def _tell_delivered(self, step: int) -> None:
         try:
@@ -403,12 +404,10 @@ class Loader:
             stop.set()
         thread = getattr(self, "_thread", None)
         if thread is not None:
-            thread.join(timeout=5)
+            thread.join(timeout=0.2 if self._patience.scheduler.disconnected() else 5)
         if getattr(self, "info", None) is not None and getattr(self, "client", None) is not None:
-            try:  # end the lease now, so another Loader may take the rank over at once
-                ask_sync(self.client, DetachRequest(job=self.job, rank=self.rank, token=self._token))
-            except Exception:  # noqa: BLE001 - the cluster may be gone; the lease dies with us
-                pass
+            # end the lease now, so another Loader may take the rank over at once (in 2 s at most)
+            detach_quietly(self.client, DetachRequest(job=self.job, rank=self.rank, token=self._token))
         if getattr(self, "_owns_client", False):
             self.client.close()
 

@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 from mdata.sources.outage_deadline import OutageDeadline
+from mdata.trainer.scheduler_loss import SchedulerWatch
 from mdata.trainer.storage_notice import StorageNotice
 from mdata.wire.messages import StatusRequest, ask_sync
 
@@ -38,6 +39,7 @@ class Patience:
         self.check_every = max(0.1, min(float(poll_interval), self.timeout / 4))
         self.notice = StorageNotice(client, job, rank)
         self.outage_seen = float("-inf")  # monotonic time the job was last seen waiting on storage
+        self.scheduler = SchedulerWatch(client, rank)  # a lost scheduler ends the wait at once
 
     def begin(self) -> OutageDeadline:
         """The deadline of a wait that starts now."""
@@ -60,16 +62,17 @@ class Patience:
 
     def take(self, items: queue.Queue) -> Any:
         """The next item the prefetch thread queued, waiting up to the timeout from now or from
-        the last sign of a storage outage; raises :class:`queue.Empty` past it."""
+        the last sign of a storage outage; raises :class:`queue.Empty` past it, and
+        :class:`~mdata.errors.SchedulerLostError` as soon as the scheduler is lost."""
         began = time.monotonic()
         while True:
             left = max(began, self.outage_seen) + self.timeout - time.monotonic()
             if left <= 0:
                 raise queue.Empty
             try:
-                return items.get(timeout=left)
+                return items.get(timeout=min(left, 0.25))
             except queue.Empty:
-                continue  # the prefetch thread may have seen an outage meanwhile
+                self.scheduler.check()  # the prefetch thread may be stuck connecting to it
 
     def _storage_waits(self):
         try:
