@@ -34,7 +34,7 @@ from typing import Any
 from mdata.errors import MeshError, RankTakenError, TrainerError, TrainerTimeoutError
 from mdata.trainer.checkpoints import JobData, checkpoint_of, loader_state
 from mdata.trainer.patience import Patience
-from mdata.trainer.scheduler_loss import as_scheduler_loss, detach_quietly, scheduler_calls
+from mdata.trainer.scheduler_loss import detach_quietly
 from mdata.wire.messages import (
     AckRequest, AttachRequest, BatchLocation, BatchLocationRequest, DetachRequest, GetBatchRequest,
     JobInfo, JobInfoRequest, JobsRequest, NoHandlerError, RegisterJobRequest, ReportMetricsRequest,
@@ -268,7 +268,7 @@ class Loader:
         asks for the next batch). The Planner releases a step once every rank consumed it."""
         step, self._taken = self._taken, None
         if step is not None:
-            with scheduler_calls(self.client, self.rank):  # a lost scheduler: say so
+            with self._patience.scheduler.calls():  # a lost scheduler: say so, at once
                 ask_sync(self.client, AckRequest(job=self.job, rank=self.rank, step=step,
                                                  consumed=True, token=self._token,
                                                  generation=self._generation,
@@ -306,7 +306,7 @@ class Loader:
                 self._tell_delivered(delivered)
         except BaseException as exc:  # surface every failure to the consumer, never hang it
             if not self._stop.is_set():  # closed: nobody reads, and a full queue would block
-                self._queue.put(as_scheduler_loss(exc, self.client, self.rank))
+                self._queue.put(self._patience.scheduler.explain(exc))
 
     def _tell_delivered(self, step: int) -> None:
         try:

@@ -11,8 +11,9 @@ by the Loader (the batch is rebuilt elsewhere).
 A call started after the death does not fail at once: Dask retries a refused connection until
 its connect timeout (the Loader's timeout). The Dask client notices sooner, since its own stream
 to the scheduler breaks at once: :class:`SchedulerWatch` turns a client that stays disconnected
-for :data:`GRACE_S` into the same error for the training loop waiting on its next batch, and a
-Loader closing then does not wait for the calls stuck in their connect attempts.
+for :data:`GRACE_S` into the same error, for the training loop waiting on its next batch and for
+a call about to start (:meth:`SchedulerWatch.calls`), and a Loader closing then does not wait for
+the calls stuck in their connect attempts.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any, Iterator
 
 from mdata.errors import MdataError, SchedulerLostError
 
-__all__ = ["SchedulerWatch", "as_scheduler_loss", "detach_quietly", "scheduler_calls"]
+__all__ = ["SchedulerWatch", "detach_quietly"]
 
 #: A client disconnected from its scheduler this long has lost it (a reconnect to a live
 #: scheduler after a network blip takes milliseconds).
@@ -37,40 +38,32 @@ def scheduler_address(client: Any) -> str:
         return "(unknown address)"
 
 
-def lost_error(client: Any, rank: int, why: str) -> SchedulerLostError:
-    return SchedulerLostError(
-        f"rank {rank}: lost the mdata scheduler at {scheduler_address(client)} ({why}); the "
-        "Planner and the job's state are gone with it: once the cluster is back, restart every "
-        "rank from its last checkpoint (Loader(checkpoint=...))"
-    )
-
-
-def as_scheduler_loss(exc: BaseException, client: Any, rank: int) -> BaseException:
-    """``exc`` as a :class:`SchedulerLostError` when it is a broken or refused connection to the
-    scheduler (an ``OSError`` out of a scheduler call), else ``exc`` unchanged."""
-    if not isinstance(exc, OSError) or isinstance(exc, MdataError):
-        return exc
-    error = lost_error(client, rank, f"{type(exc).__name__}: {exc}")
-    error.__cause__ = exc
-    return error
-
-
-@contextmanager
-def scheduler_calls(client: Any, rank: int) -> Iterator[None]:
-    """Scheduler calls inside raise :class:`SchedulerLostError` when the scheduler is gone."""
-    try:
-        yield
-    except OSError as exc:
-        raise as_scheduler_loss(exc, client, rank) from exc
-
-
 class SchedulerWatch:
-    """Whether one Loader's Dask client has lost its scheduler (see the module docstring)."""
+    """Whether one Loader's Dask client has lost its scheduler, and the error that says so (see
+    the module docstring). The address is read once, while the client is connected: a client
+    that gave up reconnecting no longer knows it."""
 
     def __init__(self, client: Any, rank: int) -> None:
         self.client = client
         self.rank = rank
+        self.address = scheduler_address(client)
         self._since: float | None = None  # when the client was first seen disconnected
+
+    def error(self, why: str) -> SchedulerLostError:
+        return SchedulerLostError(
+            f"rank {self.rank}: lost the mdata scheduler at {self.address} ({why}); the Planner "
+            "and the job's state are gone with it: once the cluster is back, restart every rank "
+            "from its last checkpoint (Loader(checkpoint=...))"
+        )
+
+    def explain(self, exc: BaseException) -> BaseException:
+        """``exc`` as a :class:`SchedulerLostError` when it is a broken or refused connection to
+        the scheduler (an ``OSError`` out of a scheduler call), else ``exc`` unchanged."""
+        if not isinstance(exc, OSError) or isinstance(exc, MdataError):
+            return exc
+        error = self.error(f"{type(exc).__name__}: {exc}")
+        error.__cause__ = exc
+        return error
 
     def disconnected(self) -> bool:
         """The client is not connected to its scheduler now (maybe only for a moment)."""
@@ -89,7 +82,22 @@ class SchedulerWatch:
     def check(self) -> None:
         """Raise :class:`SchedulerLostError` if the scheduler is lost."""
         if self.lost():
-            raise lost_error(self.client, self.rank, f"the client's connection is {self.client.status}")
+            raise self.error(f"the Dask client lost its connection to it (status {self.client.status!r})")
+
+    @contextmanager
+    def calls(self) -> Iterator[None]:
+        """Scheduler calls inside raise :class:`SchedulerLostError` when the scheduler is gone,
+        and at once (after :data:`GRACE_S`) when the client already lost it: a new call would
+        sit in Dask's connect retries for the whole connect timeout."""
+        waited = time.monotonic() + GRACE_S
+        while self.disconnected():
+            if time.monotonic() > waited:
+                raise self.error(f"the Dask client lost its connection to it (status {self.client.status!r})")
+            time.sleep(0.05)
+        try:
+            yield
+        except OSError as exc:
+            raise self.explain(exc) from exc
 
 
 #: Longest a closing Loader waits to hand its rank back: a lost scheduler must not hold it up.
@@ -101,7 +109,7 @@ def detach_quietly(client: Any, request: Any, timeout: float = DETACH_S) -> None
     a cluster that is gone cannot take the lease back, and the lease dies with the Loader."""
     from mdata.wire.messages import ask
 
-    if SchedulerWatch(client, 0).disconnected():
+    if str(getattr(client, "status", "running")) != "running":
         return  # nobody to tell
     try:
         client.sync(ask, client.scheduler, request, callback_timeout=timeout)

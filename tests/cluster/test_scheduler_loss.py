@@ -34,10 +34,13 @@ def error_record(path) -> dict | None:
     return None
 
 
-def test_trainers_get_a_clear_error_naming_the_scheduler_when_it_dies(local_sources, tmp_path):
+@pytest.mark.parametrize("step_s", [0.05, 1.5], ids=["waiting-for-batches", "mid-step"])
+def test_trainers_get_a_clear_error_naming_the_scheduler_when_it_dies(local_sources, tmp_path, step_s):
+    """``step_s``: each step's simulated compute. Short, the trainers' calls are in flight when
+    the scheduler dies; long, they start after its death (the acks when the step ends)."""
     cluster = ClusterProcess(tmp_path / "cluster", local_sources, chaos_pools(local_sources)).start()
     group = TrainerGroup(tmp_path, job="scheduler-loss", world_size=2, end_step=10_000,
-                         plan=chaos_plan(local_sources), step_sleep=0.05, timeout=TIMEOUT, dist=False)
+                         plan=chaos_plan(local_sources), step_sleep=step_s, timeout=TIMEOUT, dist=False)
     try:
         group.start(cluster.address)
         group.wait_for_step(3, timeout=120)
