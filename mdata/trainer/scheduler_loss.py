@@ -56,6 +56,9 @@ class SchedulerWatch:
             "from its last checkpoint (Loader(checkpoint=...))"
         )
 
+    def _disconnected_error(self) -> SchedulerLostError:
+        return self.error(f"the Dask client lost its connection to it (status {self.client.status!r})")
+
     def explain(self, exc: BaseException) -> BaseException:
         """``exc`` as a :class:`SchedulerLostError` when it is a broken or refused connection to
         the scheduler (an ``OSError`` out of a scheduler call), else ``exc`` unchanged."""
@@ -82,7 +85,7 @@ class SchedulerWatch:
     def check(self) -> None:
         """Raise :class:`SchedulerLostError` if the scheduler is lost."""
         if self.lost():
-            raise self.error(f"the Dask client lost its connection to it (status {self.client.status!r})")
+            raise self._disconnected_error()
 
     @contextmanager
     def calls(self) -> Iterator[None]:
@@ -92,7 +95,7 @@ class SchedulerWatch:
         waited = time.monotonic() + GRACE_S
         while self.disconnected():
             if time.monotonic() > waited:
-                raise self.error(f"the Dask client lost its connection to it (status {self.client.status!r})")
+                raise self._disconnected_error()
             time.sleep(0.05)
         try:
             yield
