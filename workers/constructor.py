@@ -149,8 +149,11 @@ async def _pull_grouped(worker, keys: list, pulls: tuple[ChunkPull, ...]) -> lis
 async def _waits_on_storage(worker, key) -> bool:
     """Whether the Planner reports the source of chunk ``key`` (``("mdata-load", job, source,
     ...)``) waiting on storage; no answer counts as no."""
+    import asyncio
+
     try:
-        status = await ask(worker.scheduler, StatusRequest(str(key[1]), max_steps=0))
+        status = await asyncio.wait_for(
+            ask(worker.scheduler, StatusRequest(str(key[1]), max_steps=0)), timeout=PULL_ATTEMPT_S)
     except Exception:  # noqa: BLE001 - a job gone or a scheduler busy: the chunk wait runs on
         return False
     return str(key[2]) in status.storage_waits
