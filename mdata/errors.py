@@ -29,6 +29,7 @@ __all__ = [
     "CheckpointError",
     "TrainerError",
     "TrainerTimeoutError",
+    "SchedulerLostError",
     "StaleGenerationError",
     "RankTakenError",
     "ResumeMismatchError",
@@ -184,6 +185,12 @@ class TrainerError(MdataError):
 
 class TrainerTimeoutError(TrainerError):
     """A trainer waited longer than its timeout for data."""
+
+
+class SchedulerLostError(TrainerError):
+    """The connection to the mdata scheduler (and the Planner in it) broke while the trainer ran;
+    the message names the scheduler's address. The job's state went with it: once a cluster is
+    back, restart every rank from its last checkpoint."""
 
 
 class StaleGenerationError(TrainerError):

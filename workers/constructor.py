@@ -16,9 +16,10 @@ from typing import Any
 
 from mdata.batch import DPBatch, build_dp_batch
 from mdata.errors import MdataError
+from mdata.sources.outage_deadline import OutageDeadline
 from mdata.wire.errors import InvalidRequestError
 from mdata.wire.messages import (
-    ChunkPull, ConstructSpec, GetBatchReply, GetBatchRequest, NoHandlerError, Status,
+    ChunkPull, ConstructSpec, GetBatchReply, GetBatchRequest, NoHandlerError, Status, StatusRequest,
     TakeRowsManyRequest, TakeRowsRequest, WhoHasRequest, ask,
 )
 from workers.loader import as_key
@@ -27,6 +28,9 @@ PULL_ATTEMPT_S = 10.0  # one attempt to pull a chunk's rows from one loader
 # Dask's connect retries a refused connection until its timeout: while a connection is not made
 # within this, the scheduler is asked whether the loader still holds the chunk (see _reach).
 CONNECT_CHECK_S = 0.1
+# While a chunk is missing, the Planner is asked this often whether its source waits on storage
+# (then the chunk wait does not run out: the loaders' retry deadline bounds the wait instead).
+STORAGE_CHECK_S = 1.0
 
 
 class ChunkUnavailableError(MdataError):
@@ -44,11 +48,12 @@ async def _who_has(worker, keys: list) -> list[list[str] | None]:
     return [None if addresses is None else list(addresses) for addresses in reply.who_has]
 
 
-async def _pull_rows(worker, key, indices, addresses: list[str], deadline: float):
+async def _pull_rows(worker, key, indices, addresses: list[str], deadline: OutageDeadline):
     """Fetch rows of one chunk from whichever worker holds it; follow the chunk if it moved.
 
     A loader that died leaves its address behind; connecting to it would block for Dask's whole
     connect timeout, so each attempt is bounded and the scheduler is asked again on failure.
+    A chunk whose source waits on storage is being loaded again: ``deadline`` then waits on.
     """
     import asyncio
 
@@ -69,7 +74,10 @@ async def _pull_rows(worker, key, indices, addresses: list[str], deadline: float
             # anything else (missing) means: ask the scheduler where the chunk lives now
             if reply.status is Status.OK:
                 return reply.chunk
-        if time.monotonic() > deadline:
+        now = time.monotonic()
+        if deadline.check_due(now):
+            deadline.observe(now, await _waits_on_storage(worker, key))
+        if deadline.expired(now):
             raise ChunkUnavailableError(
                 f"chunk {key} is held by no live worker (last tried {addresses}); the loader pool "
                 "may have lost its workers: check the dashboard's sources page"
@@ -138,6 +146,19 @@ async def _pull_grouped(worker, keys: list, pulls: tuple[ChunkPull, ...]) -> lis
     return pieces
 
 
+async def _waits_on_storage(worker, key) -> bool:
+    """Whether the Planner reports the source of chunk ``key`` (``("mdata-load", job, source,
+    ...)``) waiting on storage; no answer counts as no."""
+    import asyncio
+
+    try:
+        status = await asyncio.wait_for(
+            ask(worker.scheduler, StatusRequest(str(key[1]), max_steps=0)), timeout=PULL_ATTEMPT_S)
+    except Exception:  # noqa: BLE001 - a job gone or a scheduler busy: the chunk wait runs on
+        return False
+    return str(key[2]) in status.storage_waits
+
+
 def _known(addresses: list[str] | None, key) -> list[str]:
     if addresses is None:
         raise ChunkReleasedError(f"chunk {key} was released by its job; this batch is no longer wanted")
@@ -157,7 +178,8 @@ def construct_task(msg: dict[str, Any]) -> DPBatch:
 
     spec = ConstructSpec.from_msg(msg)
     worker = get_worker()
-    deadline = time.monotonic() + spec.wait_s
+    deadline = OutageDeadline(spec.wait_s, time.monotonic(),
+                              check_every=min(STORAGE_CHECK_S, spec.wait_s / 4 or STORAGE_CHECK_S))
 
     async def pull_all():
         import asyncio

@@ -16,6 +16,7 @@ from mdata.errors import (
     RowRangeError,
     SampleError,
     SkipBudgetExceededError,
+    StorageUnavailableError,
     SourceError,
 )
 from mdata.sources.chunk import SampleChunk, SkippedSample
@@ -52,7 +53,13 @@ def load_chunk(
     """
     began = time.perf_counter()
     cache = cache if cache is not None else default_reader_cache()
-    info = cache.listing(source).shard(shard)
+    try:
+        info = cache.listing(source).shard(shard)
+    except StorageUnavailableError as exc:  # a fresh loader lists on its first load: name the shard
+        if exc.shard is not None:
+            raise
+        raise StorageUnavailableError(exc.message, source=exc.source, shard=int(shard),
+                                      hint=exc.hint) from exc.__cause__
     shard = info.index  # a plain int from here on (the Planner may pass numpy integers)
     _check_range(source, info.path, info.num_rows, start, stop)
     start, stop = int(start), int(stop)

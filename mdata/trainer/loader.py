@@ -33,7 +33,8 @@ from typing import Any
 
 from mdata.errors import MeshError, RankTakenError, TrainerError, TrainerTimeoutError
 from mdata.trainer.checkpoints import JobData, checkpoint_of, loader_state
-from mdata.trainer.storage_notice import StorageNotice
+from mdata.trainer.patience import Patience
+from mdata.trainer.scheduler_loss import detach_quietly
 from mdata.wire.messages import (
     AckRequest, AttachRequest, BatchLocation, BatchLocationRequest, DetachRequest, GetBatchRequest,
     JobInfo, JobInfoRequest, JobsRequest, NoHandlerError, RegisterJobRequest, ReportMetricsRequest,
@@ -168,7 +169,8 @@ class Loader:
         self._thread: threading.Thread | None = None
         self.wait_seconds = 0.0
         self.fetch_seconds = 0.0
-        self._storage_notice = StorageNotice(self.client, job, self.rank)  # long waits: why
+        self._patience = Patience(self.client, job, self.rank, timeout=self.timeout,
+                                  poll_interval=self.poll_interval)
 
     def attach(self) -> dict:
         """Register (or find) the job, check this rank against its mesh and lease the rank;
@@ -243,7 +245,7 @@ class Loader:
         while self.steps is None or delivered < self.steps:
             began = time.monotonic()
             try:
-                item = self._queue.get(timeout=self.timeout)
+                item = self._patience.take(self._queue)
             except queue.Empty:
                 raise TrainerTimeoutError(
                     f"rank {self.rank}: no batch for step {self._next_step} within {self.timeout:.0f}s; "
@@ -266,10 +268,11 @@ class Loader:
         asks for the next batch). The Planner releases a step once every rank consumed it."""
         step, self._taken = self._taken, None
         if step is not None:
-            ask_sync(self.client, AckRequest(job=self.job, rank=self.rank, step=step,
-                                             consumed=True, token=self._token,
-                                             generation=self._generation,
-                                             stalled_s=self.wait_seconds))
+            with self._patience.scheduler.calls():  # a lost scheduler: say so, at once
+                ask_sync(self.client, AckRequest(job=self.job, rank=self.rank, step=step,
+                                                 consumed=True, token=self._token,
+                                                 generation=self._generation,
+                                                 stalled_s=self.wait_seconds))
 
     def _prefetch_loop(self) -> None:
         from mdata.trainer.tensors import batch_to_torch
@@ -303,7 +306,7 @@ class Loader:
                 self._tell_delivered(delivered)
         except BaseException as exc:  # surface every failure to the consumer, never hang it
             if not self._stop.is_set():  # closed: nobody reads, and a full queue would block
-                self._queue.put(exc)
+                self._queue.put(self._patience.scheduler.explain(exc))
 
     def _tell_delivered(self, step: int) -> None:
         try:
@@ -333,10 +336,9 @@ class Loader:
                 time.sleep(0.1)
 
     def _locate(self, step: int, delivered: int | None = None) -> BatchLocation:
-        began = time.monotonic()
-        deadline = began + self.timeout
+        wait = self._patience.begin()  # the timeout, stretched while storage is waited out
         while True:
-            poll = max(0.1, min(self.poll_interval, deadline - time.monotonic()))
+            poll = self._patience.poll_s(wait, self.poll_interval)
             reply = ask_sync(self.client, BatchLocationRequest(
                 job=self.job, rank=self.rank, step=step, timeout=poll, token=self._token,
                 generation=self._generation, delivered=delivered))
@@ -347,8 +349,7 @@ class Loader:
                 raise reply.failure(f"rank {self.rank}, step {step}")
             if self._stop.is_set():
                 raise TrainerError("loader closed")
-            self._storage_notice.waiting(step, time.monotonic() - began)
-            if time.monotonic() > deadline:
+            if not self._patience.keep_waiting(wait, step):
                 raise TrainerTimeoutError(
                     f"rank {self.rank}: the batch of step {step} was not ready within "
                     f"{self.timeout:.0f}s; check the Planner's dashboard for a stalled source pool"
@@ -403,12 +404,10 @@ class Loader:
             stop.set()
         thread = getattr(self, "_thread", None)
         if thread is not None:
-            thread.join(timeout=5)
+            thread.join(timeout=0.2 if self._patience.scheduler.disconnected() else 5)
         if getattr(self, "info", None) is not None and getattr(self, "client", None) is not None:
-            try:  # end the lease now, so another Loader may take the rank over at once
-                ask_sync(self.client, DetachRequest(job=self.job, rank=self.rank, token=self._token))
-            except Exception:  # noqa: BLE001 - the cluster may be gone; the lease dies with us
-                pass
+            # end the lease now, so another Loader may take the rank over at once (in 2 s at most)
+            detach_quietly(self.client, DetachRequest(job=self.job, rank=self.rank, token=self._token))
         if getattr(self, "_owns_client", False):
             self.client.close()
 

@@ -4,15 +4,16 @@ A trainer whose batch is late cannot tell a slow pool from unreachable storage; 
 (``status()["storage_waits"]``, see ``scheduler_plugins/storage_poll.py``). When one wait for a
 batch has lasted :data:`AFTER_S`, the Loader asks the job's status and, if sources are waiting on
 storage, logs a warning naming them, at most once every :data:`EVERY_S` per Loader. The training
-loop keeps waiting (up to ``mdata.trainer.timeout``); when storage answers again it goes on with
-nothing lost or repeated. Asking the status costs one message per Loader per :data:`EVERY_S`, and
-only while batches are late.
+loop keeps waiting (its timeout does not run while storage is waited out: ``mdata.trainer.patience``,
+whose checks pass what they learnt to :meth:`StorageNotice.tell`); when storage answers again it
+goes on with nothing lost or repeated.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from mdata.sources import describe_storage_wait
@@ -43,13 +44,20 @@ class StorageNotice:
         now = time.monotonic()
         if waited_s < self.after_s or now - self._last < self.every_s:
             return None
-        self._last = now
         try:
-            waits = ask_sync(self.client, StatusRequest(self.job)).storage_waits
+            waits = ask_sync(self.client, StatusRequest(self.job, max_steps=0)).storage_waits
         except Exception:  # noqa: BLE001 - a notice must never break the wait it explains
             return None
-        if not waits:
+        return self.tell(step, waited_s, waits, now)
+
+    def tell(self, step: int, waited_s: float, waits: Mapping[str, Any] | None,
+             now: float | None = None) -> str | None:
+        """Log the warning for ``waits`` (a status's ``storage_waits``, already asked for) under
+        the same rules as :meth:`waiting`; returns it if logged."""
+        now = time.monotonic() if now is None else now
+        if not waits or waited_s < self.after_s or now - self._last < self.every_s:
             return None
+        self._last = now
         text = (f"rank {self.rank} has waited {waited_s:.0f}s for step {step} of job {self.job!r}: "
                 + "; ".join(f"source {name!r} is "
                             + describe_storage_wait(w.since, w.attempts, w.last_error)

@@ -131,8 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         log.write(kind="done", time=time.time())
         return 0
     except BaseException as exc:  # noqa: BLE001 - written down for the test, then a non-zero exit
-        log.write(kind="error", error=f"{type(exc).__name__}: {exc}",
-                  traceback=traceback.format_exc(limit=8))
+        log.write(kind="error", error=f"{type(exc).__name__}: {exc}", type=type(exc).__name__,
+                  time=time.time(), traceback=traceback.format_exc(limit=8))
         return 1
     finally:
         if dist is not None and dist.is_initialized():

@@ -372,6 +372,18 @@ def test_unreachable_storage_at_registration_names_the_source_and_url(flaky):
         list_shards(source, retry=short(0.2))
 
 
+def test_a_load_that_must_list_first_names_the_shard_it_was_loading(flaky):
+    """A loader started during an outage (a restarted one) lists its source on its first load:
+    past the deadline the error still names the shard the load was for (its index)."""
+    source, outage, _ = flaky
+    outage.down()
+    with pytest.raises(StorageUnavailableError,
+                       match=r"source 'web', shard 1: storage unreachable while listing 'flaky://") as info:
+        load_chunk(source, 1, 0, 4, cache=ReaderCache(retry=short(0.2)))
+    assert (info.value.source, info.value.shard) == ("web", 1)
+    assert storage_waits() == {}
+
+
 def test_a_corrupt_shard_is_reported_at_once_and_a_denied_one_is_not_called_corrupt(flaky, tmp_path):
     source, outage, _ = flaky
     data = (tmp_path / "a.parquet").read_bytes()
