@@ -65,6 +65,7 @@ class JobRuntime:
         self.listings = listings  # kept to rebuild the state when a trainer resumes (rewind)
         # what the job was registered to accept on resume; a rewind accepts it too
         self.resume_options = resume_options or ps.ResumeOptions()
+        self.generation_options = ps.ResumeOptions()  # and what the last rewind accepted
         self.lineage_steps = lineage_steps
         # which Loader holds each rank, and which generation of the job it joined
         self.roster = TrainerRoster(plan.mesh.world_size, int(state.consumed_step))
@@ -497,7 +498,7 @@ class JobRuntime:
                 rewind.check_joining(self, req.checkpoint, options)
             self.roster.commit(att)
             if state is not None:
-                await self._rewind(state)
+                await self._rewind(state, options)
             identity = self.state.identity
         logger.info("mdata job %s: rank %d attached (%s), generation %d from step %d%s", self.job,
                     req.rank, holder.describe(), att.generation, att.start_step,
@@ -511,7 +512,7 @@ class JobRuntime:
             if int(checkpoint["step"]) != self.roster.start_step:
                 state = rewind.resumed_state(self, checkpoint, options)  # before the roster moves
                 self.roster.rewound_by_driver(int(checkpoint["step"]))
-                await self._rewind(state)
+                await self._rewind(state, options)
 
     def detach(self, rank: int, token: str) -> None:
         self.roster.detach(rank, token)
@@ -521,11 +522,13 @@ class JobRuntime:
         leaves the scheduler when its connection drops)."""
         return holder.client in self.scheduler.clients
 
-    async def _rewind(self, state: "ps.PlannerState") -> None:
+    async def _rewind(self, state: "ps.PlannerState",
+                      options: "ps.ResumeOptions | None" = None) -> None:
         """Drop everything planned and plan again from ``state``, built from a checkpoint by
-        :func:`scheduler_plugins.rewind.resumed_state`; the caller holds the lock. The new state
-        replans exactly what the old one planned from that step (same plan, same listings, same
-        cursors), so every rank sees the sequence it would have seen."""
+        :func:`scheduler_plugins.rewind.resumed_state` with ``options``; the caller holds the
+        lock. The new state replans exactly what the old one planned from that step (same plan,
+        same listings, same cursors), so every rank sees the sequence it would have seen."""
+        self.generation_options = options or ps.ResumeOptions()  # ranks joining accept it too
         if self.lineage is not None:  # the old generation's lineage stays told
             await asyncio.to_thread(self.lineage.rewound, self.state, state)
         for task in list(self._tasks):

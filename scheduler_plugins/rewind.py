@@ -39,6 +39,6 @@ def resumed_state(runtime: Any, checkpoint: Mapping[str, Any],
 def check_joining(runtime: Any, checkpoint: Mapping[str, Any],
                   options: "ps.ResumeOptions | None" = None) -> None:
     """Raise CheckpointError unless the job could restore ``checkpoint`` (a rank joining the
-    generation another rank started at the same step)."""
+    generation another rank started at the same step), accepting what that start accepted."""
     plan_resume(Checkpoint.from_dict(dict(checkpoint)), runtime.plan, runtime.listings,
-                   _options(runtime, options))
+                _options(runtime, options) | runtime.generation_options)

@@ -48,6 +48,14 @@ def in_thread(fn) -> tuple[threading.Thread, dict]:
     return thread, out
 
 
+def foreign_states(client, sources, *, job: str) -> dict[int, dict]:
+    """Every rank's state after steps 0-1 of a job of another plan (seed 4, not 3)."""
+    submit_job(client, plan_for(sources, seed=4), job=job)
+    states: dict[int, dict] = {}
+    run_loaders(client, job=job, world_size=2, steps=2, states=states)
+    return states
+
+
 def test_a_rank_restarted_with_an_incompatible_checkpoint_fails_alone(client, example_sources_small):
     """Rank 1 trains 4 steps and restarts with a checkpoint of another plan (another seed):
     it gets CheckpointError naming the seed, while rank 0 keeps training; rank 1 restarted
@@ -57,10 +65,7 @@ def test_a_rank_restarted_with_an_incompatible_checkpoint_fails_alone(client, ex
     submit_job(client, plan, job="refusal-reference")
     reference = run_loaders(client, job="refusal-reference", world_size=2, steps=STEPS,
                             keep=received)
-    foreign_plan = plan_for(sources, seed=4)
-    submit_job(client, foreign_plan, job="refusal-foreign")
-    foreign: dict[int, dict] = {}
-    run_loaders(client, job="refusal-foreign", world_size=2, steps=2, states=foreign)
+    foreign = foreign_states(client, sources, job="refusal-foreign")
 
     submit_job(client, plan, job="refusal-live")
 
@@ -155,3 +160,29 @@ def test_consistent_checkpoints_with_plan_resume_exactly(client, checkpoints, jo
         assert out["result"] == reference[rank][2:]
     if job != "resume-source":
         close(client, job)
+
+
+def test_a_rank_joining_a_resume_with_another_plans_checkpoint_of_the_same_step_fails_alone(
+        client, checkpoints, example_sources_small):
+    """Rank 0 resumed a new job from step 2; rank 1 brings another plan's checkpoint of step 2:
+    CheckpointError for rank 1 (a matching step is not enough), and with its own checkpoint
+    it joins and both receive exactly the uninterrupted run from step 2."""
+    plan, reference, early, _ = checkpoints
+    foreign = foreign_states(client, example_sources_small[:4], job="join-foreign")
+    assert foreign[1]["next_step"] == early[1]["next_step"] == 2
+    with Loader(client, job="join-check", plan=plan, rank=0, world_size=2, steps=STEPS - 2,
+                timeout=60, checkpoint=early[0]) as first:
+        first.attach()
+        thread, rank0 = in_thread(lambda: [received(batch) for batch in first])
+        with Loader(client.scheduler.address, job="join-check", plan=plan, rank=1, world_size=2,
+                    timeout=60, checkpoint=foreign[1]) as bad:
+            with pytest.raises(CheckpointError, match=r"seed was 4, is now 3"):
+                bad.attach()
+        with Loader(client.scheduler.address, job="join-check", plan=plan, rank=1, world_size=2,
+                    steps=STEPS - 2, timeout=60, checkpoint=early[1]) as good:
+            got = [received(batch) for batch in good]
+        thread.join(120)
+    assert "error" not in rank0, f"rank 0 failed: {rank0.get('error')!r}"
+    assert rank0["result"] == reference[0][2:]
+    assert got == reference[1][2:]
+    close(client, "join-foreign", "join-check")
