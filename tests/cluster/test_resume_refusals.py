@@ -58,8 +58,9 @@ def foreign_states(client, sources, *, job: str) -> dict[int, dict]:
 
 def test_a_rank_restarted_with_an_incompatible_checkpoint_fails_alone(client, example_sources_small):
     """Rank 1 trains 4 steps and restarts with a checkpoint of another plan (another seed):
-    it gets CheckpointError naming the seed, while rank 0 keeps training; rank 1 restarted
-    without a checkpoint continues where it was. Both received exactly the uninterrupted run."""
+    it gets CheckpointError naming the seed (so does a driver rewinding the job with it), while
+    rank 0 keeps training; rank 1 restarted without a checkpoint continues where it was. Both
+    received exactly the uninterrupted run."""
     sources = example_sources_small[:4]
     plan = plan_for(sources)
     submit_job(client, plan, job="refusal-reference")
@@ -77,6 +78,8 @@ def test_a_rank_restarted_with_an_incompatible_checkpoint_fails_alone(client, ex
     thread, rank0 = in_thread(healthy)
     with Loader(client, job="refusal-live", rank=1, world_size=2, steps=4, timeout=60) as first:
         got = [received(batch) for batch in first]
+    with pytest.raises(CheckpointError, match=r"seed was 4, is now 3"):  # a driver's rewind too
+        submit_job(client, plan, job="refusal-live", checkpoint=foreign[0])
     address = client.scheduler.address  # a restarted trainer is a new process: its own client
     with Loader(address, job="refusal-live", rank=1, world_size=2, checkpoint=foreign[1],
                 timeout=60) as bad:
