@@ -37,6 +37,7 @@ from mdata.wire.messages import (
 )
 from mdata.planner.roster import Holder, TrainerRoster
 from mdata.wire.messages import AttachReply, AttachRequest
+from scheduler_plugins import rewind
 from scheduler_plugins.lineage_store import LineageStore
 from scheduler_plugins.planner_view import PlannerView
 from scheduler_plugins.recoveries import RecoveryTally
@@ -70,6 +71,7 @@ class JobRuntime:
         self.expected_shards = ListingExpectations(listings)  # loaders list again on a mismatch
         # what the job was registered to accept on resume; a rewind accepts it too
         self.resume_options = resume_options or ps.ResumeOptions()
+        self.generation_options = ps.ResumeOptions()  # and what the last rewind accepted
         self.lineage_steps = lineage_steps
         # which Loader holds each rank, and which generation of the job it joined
         self.roster = TrainerRoster(plan.mesh.world_size, int(state.consumed_step))
@@ -498,10 +500,16 @@ class JobRuntime:
         options = ps.ResumeOptions(req.accept_appended_shards, req.allow_mixture_change)
         async with self.lock:
             last = self.consumed_steps.get(req.rank)
-            att = self.roster.attach(req.rank, holder, checkpoint_step=step, is_live=self._is_live,
+            att = self.roster.decide(req.rank, holder, checkpoint_step=step, is_live=self._is_live,
                                      next_step=None if last is None else last + 1)
-            if att.rewind:
-                await self._rewind(req.checkpoint, options)
+            # the checkpoint is checked (and the rewound state built) before the roster moves on:
+            # one this job cannot restore fails its own rank only (scheduler_plugins.rewind)
+            state = rewind.resumed_state(self, req.checkpoint, options) if att.rewind else None
+            if step is not None and state is None:
+                rewind.check_joining(self, req.checkpoint, options)
+            self.roster.commit(att)
+            if state is not None:
+                await self._rewind(state, options)
             identity = self.state.identity
         logger.info("mdata job %s: rank %d attached (%s), generation %d from step %d%s", self.job,
                     req.rank, holder.describe(), att.generation, att.start_step,
@@ -513,8 +521,9 @@ class JobRuntime:
         """A driver registered this (live) job again with a checkpoint of another step."""
         async with self.lock:
             if int(checkpoint["step"]) != self.roster.start_step:
+                state = rewind.resumed_state(self, checkpoint, options)  # before the roster moves
                 self.roster.rewound_by_driver(int(checkpoint["step"]))
-                await self._rewind(checkpoint, options)
+                await self._rewind(state, options)
 
     def detach(self, rank: int, token: str) -> None:
         self.roster.detach(rank, token)
@@ -524,14 +533,13 @@ class JobRuntime:
         leaves the scheduler when its connection drops)."""
         return holder.client in self.scheduler.clients
 
-    async def _rewind(self, checkpoint: dict, options: "ps.ResumeOptions | None" = None) -> None:
-        """Drop everything planned past ``checkpoint`` and plan again from it; the caller holds
-        the lock. The new state replans exactly what the old one planned from that step (same
-        plan, same listings, same cursors), so every rank sees the sequence it would have seen.
-        It accepts what the job was registered to accept on resume, and ``options``."""
-        state = ps.PlannerState.from_checkpoint(
-            self.plan, self.listings, checkpoint, job=self.job, lineage_steps=self.lineage_steps,
-            options=self.resume_options | (options or ps.ResumeOptions()))
+    async def _rewind(self, state: "ps.PlannerState",
+                      options: "ps.ResumeOptions | None" = None) -> None:
+        """Drop everything planned and plan again from ``state``, built from a checkpoint by
+        :func:`scheduler_plugins.rewind.resumed_state` with ``options``; the caller holds the
+        lock. The new state replans exactly what the old one planned from that step (same plan,
+        same listings, same cursors), so every rank sees the sequence it would have seen."""
+        self.generation_options = options or ps.ResumeOptions()  # ranks joining accept it too
         if self.lineage is not None:  # the old generation's lineage stays told
             await asyncio.to_thread(self.lineage.rewound, self.state, state)
         for task in list(self._tasks):

@@ -196,7 +196,7 @@ class PlannerPlugin(SchedulerPlugin):
                     f"job {job!r} is already running another plan (fingerprint "
                     f"{existing.plan.fingerprint()} vs {fingerprint}); use another job name or close it"
                 )
-            if checkpoint is not None:
+            if checkpoint is not None and not req.by_loader:  # a Loader's attach decides
                 await existing.rewind_for_driver(dict(checkpoint), options)
             return self._job_info(existing)
         client = await self.client()

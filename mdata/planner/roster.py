@@ -12,6 +12,15 @@ Two rules keep delivery exactly-once when trainers die and come back while the c
   rank just started with the same step. A rank that brings a different step gets an error naming
   the ranks and steps that differ; a Loader still running in an older generation gets an error
   telling it to restart from its checkpoint, instead of waiting on steps that will never come.
+- **A mismatch ends the resume for every rank.** When the generation is a resume (a rank of it
+  brought a checkpoint) and a rank brings another step, the ranks cannot all continue together:
+  the refused rank and every rank of the generation get the same :class:`ResumeMismatchError`
+  naming the ranks and their steps. A rank that brings a checkpoint afterwards starts a new
+  generation; nobody joins the failed one.
+- **A rewind is decided, then committed.** :meth:`TrainerRoster.decide` says what an attach
+  would do without changing anything; the caller builds and checks the new state from the
+  checkpoint, and only then commits it (:meth:`TrainerRoster.commit`). A checkpoint the job cannot
+  restore is refused to its rank alone, and every other rank keeps training in its generation.
 
 The roster is pure bookkeeping: liveness is asked of a callable the runtime passes in (the
 scheduler knows which clients are connected), and rewinding is left to the caller.
@@ -50,11 +59,18 @@ class Holder:
 @dataclass(frozen=True)
 class Attachment:
     """The roster's answer to an attach: where the rank starts, and whether the job must rewind
-    to ``start_step`` first (``rewind``: rebuild the Planner from the checkpoint)."""
+    to ``start_step`` first (``rewind``: rebuild the Planner from the checkpoint).
+
+    ``rank``, ``holder``, ``brought`` (the checkpoint step the Loader brought, None for none) and
+    ``based_on`` (the generation it was decided in) are what :meth:`TrainerRoster.commit` needs."""
 
     generation: int
     start_step: int
     rewind: bool
+    rank: int = -1
+    holder: Holder | None = None
+    brought: int | None = None
+    based_on: int = -1
 
 
 @dataclass
@@ -62,6 +78,10 @@ class _Generation:
     number: int
     start_step: int
     joined: dict[int, int | None] = field(default_factory=dict)  # rank -> checkpoint step brought
+    mismatch: str | None = None  # why this resume cannot continue (ranks brought other steps)
+
+    def is_resume(self) -> bool:
+        return any(step is not None for step in self.joined.values())
 
 
 class TrainerRoster:
@@ -92,11 +112,29 @@ class TrainerRoster:
         is_live: Callable[[Holder], bool],
         next_step: int | None = None,
     ) -> Attachment:
-        """Lease ``rank`` to ``holder`` and decide where it starts.
+        """:meth:`decide`, then :meth:`commit` at once (for attaches that need no new state
+        built first, and for tests)."""
+        att = self.decide(rank, holder, checkpoint_step=checkpoint_step, is_live=is_live,
+                          next_step=next_step)
+        self.commit(att)
+        return att
+
+    def decide(
+        self,
+        rank: int,
+        holder: Holder,
+        *,
+        checkpoint_step: int | None,
+        is_live: Callable[[Holder], bool],
+        next_step: int | None = None,
+    ) -> Attachment:
+        """What leasing ``rank`` to ``holder`` would do; changes nothing but a mismatch.
 
         ``checkpoint_step``: the step of the checkpoint the Loader brings (None: none).
         ``next_step``: where the rank would continue without a checkpoint (its first step not
         yet consumed, as the runtime saw it); defaults to the generation's start.
+        Raises :class:`RankTakenError` (nothing changes) or :class:`ResumeMismatchError` (which
+        ends a resume generation for every rank: see the module docstring).
         """
         self._check_rank(rank)
         current = self._leases.get(rank)
@@ -107,29 +145,44 @@ class TrainerRoster:
                 "process exit) first; one rank has one Loader"
             )
         gen = self._gen
+        here = dict(rank=rank, holder=holder, brought=checkpoint_step, based_on=gen.number)
         if checkpoint_step is None:
-            self._leases[rank] = holder
-            gen.joined.setdefault(rank, None)
+            if gen.mismatch is not None:
+                raise ResumeMismatchError(gen.mismatch)
             start = gen.start_step if next_step is None else max(gen.start_step, int(next_step))
-            return Attachment(gen.number, start, rewind=False)
+            return Attachment(gen.number, start, rewind=False, **here)
         step = int(checkpoint_step)
-        if rank not in gen.joined and step == gen.start_step:  # joining a resume under way
-            self._leases[rank] = holder
-            gen.joined[rank] = step
-            return Attachment(gen.number, step, rewind=False)
-        if rank not in gen.joined and gen.joined:
+        if gen.mismatch is None and rank not in gen.joined and step == gen.start_step:
+            return Attachment(gen.number, step, rewind=False, **here)  # joining a resume under way
+        if gen.mismatch is None and rank not in gen.joined and gen.joined:
             brought = {r: s for r, s in sorted(gen.joined.items())}
-            raise ResumeMismatchError(
+            message = (
                 f"rank {rank} resumes from a checkpoint of step {step}, but generation "
                 f"{gen.number} of this job started at step {gen.start_step} "
                 f"(ranks and the steps they brought, None for none: {brought}); every rank must "
                 "resume from the same step: restore all ranks from checkpoints saved together"
             )
-        self._leases[rank] = holder
-        # a rank that already joined this generation (its process restarted), or the first rank
-        # of a resume to another step: a new generation at the checkpoint's step
-        self._gen = _Generation(gen.number + 1, step, {rank: step})
-        return Attachment(self._gen.number, step, rewind=True)
+            if gen.is_resume():  # its ranks cannot continue without this one: all of them stop
+                gen.mismatch = message
+            raise ResumeMismatchError(message)
+        # a rank that already joined this generation (its process restarted), the first rank of a
+        # resume to another step, or a resume after a failed one: a new generation at that step
+        return Attachment(gen.number + 1, step, rewind=True, **here)
+
+    def commit(self, att: Attachment) -> None:
+        """Apply what :meth:`decide` said (after the caller built the rewound state)."""
+        if att.holder is None or att.based_on != self._gen.number:
+            raise TrainerError(
+                f"rank {att.rank}: the roster moved to generation {self._gen.number} since this "
+                f"attach was decided in generation {att.based_on}; attach again"
+            )
+        self._leases[att.rank] = att.holder
+        if att.rewind:
+            self._gen = _Generation(att.generation, att.start_step, {att.rank: att.brought})
+        elif att.brought is None:
+            self._gen.joined.setdefault(att.rank, None)
+        else:
+            self._gen.joined[att.rank] = att.brought
 
     def rewound_by_driver(self, step: int) -> int:
         """A driver re-registered the job from a checkpoint: a new generation nobody joined yet."""
@@ -139,6 +192,8 @@ class TrainerRoster:
     def check(self, rank: int, token: str, generation: int) -> None:
         """Raise unless ``token`` holds ``rank`` in the current generation."""
         self._check_rank(rank)
+        if generation == self._gen.number and self._gen.mismatch is not None:
+            raise ResumeMismatchError(self._gen.mismatch)
         if generation != self._gen.number:
             raise StaleGenerationError(
                 f"rank {rank}: this job was rewound to step {self._gen.start_step} (generation "

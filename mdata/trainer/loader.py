@@ -75,12 +75,13 @@ def submit_job(client, plan, *, job: str = "default", checkpoint: dict | None = 
                      allow_mixture_change=allow_mixture_change).to_msg()
 
 
-def _register(client, plan, *, job: str, checkpoint: dict | None, **resume_options: bool) -> JobInfo:
+def _register(client, plan, *, job: str, checkpoint: dict | None, by_loader: bool = False,
+              **resume_options: bool) -> JobInfo:
     import mdata.wire.frames  # noqa: F401  the wire format must be known before batches arrive
 
     plan.validate_for_delivery()
     return ask_sync(client, RegisterJobRequest(job=job, plan=plan.to_spec(), checkpoint=checkpoint,
-                                               **resume_options))
+                                               by_loader=by_loader, **resume_options))
 
 
 class _BatchMoved(Exception):
@@ -179,7 +180,7 @@ class Loader:
         if self.info is None:
             if self.plan is not None:
                 info = _register(self.client, self.plan, job=self.job, checkpoint=self._restore,
-                                 **self._resume_options)
+                                 by_loader=True, **self._resume_options)  # attach decides a rewind
             else:
                 info = self._wait_for_job(self.job)
             self._validate_mesh(info)

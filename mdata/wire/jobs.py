@@ -126,6 +126,9 @@ class RegisterJobRequest(Request):
     never unpickles what a client sends, so pickled bytes here are refused where they are read.
     ``accept_appended_shards`` / ``allow_mixture_change``: what the resume from ``checkpoint``
     may accept beyond the data and mixture it was written with (see mdata.planner.resume).
+    ``by_loader``: a Loader registers before it attaches; its checkpoint then creates a job that
+    does not run yet, and never rewinds one that runs: its attach decides, with every rank's step
+    in view (mdata.planner.roster), where a driver's registration would rewind at once.
     """
 
     handler = Handler.REGISTER_JOB
@@ -136,11 +139,12 @@ class RegisterJobRequest(Request):
     checkpoint: Mapping[str, Any] | None = None
     accept_appended_shards: bool = False
     allow_mixture_change: bool = False
+    by_loader: bool = False
 
     def to_msg(self) -> dict[str, Any]:
         return {"job": self.job, "plan": plain(self.plan),
                 "checkpoint": None if self.checkpoint is None else dict(self.checkpoint),
-                **resume_flags_msg(self)}
+                **resume_flags_msg(self), "by_loader": bool(self.by_loader)}
 
     @classmethod
     def from_msg(cls, msg: Any) -> "RegisterJobRequest":
@@ -149,8 +153,9 @@ class RegisterJobRequest(Request):
             raise r.fail("plan", "is bytes (a pickled Plan?): mdata never unpickles what a client "
                                  "sends; send the plan's spec, Plan.to_spec(), which submit_job and "
                                  "Loader(plan=...) do")
+        by_loader = check_bool(r.raw("by_loader", False), r, "by_loader")  # absent: a driver
         out = cls(r.str("job"), r.dict("plan"), r.optional("checkpoint", check_dict),
-                  **read_resume_flags(r))
+                  **read_resume_flags(r), by_loader=by_loader)
         r.done()
         return out
 

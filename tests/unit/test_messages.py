@@ -81,6 +81,8 @@ MESSAGES = [
     m.RegisterJobRequest(job="pretrain", plan=PLAN_SPEC),
     m.RegisterJobRequest(job="pretrain", plan=PLAN_SPEC, checkpoint=checkpoint().to_dict(),
                          accept_appended_shards=True, allow_mixture_change=False),
+    m.RegisterJobRequest(job="pretrain", plan=PLAN_SPEC, checkpoint=checkpoint().to_dict(),
+                         by_loader=True),
     m.JobInfoRequest("pretrain"),
     INFO,
     m.JobInfo(job="pretrain", fingerprint="f00d", start_step=0, broadcast=None,

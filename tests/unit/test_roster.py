@@ -2,6 +2,7 @@
 
 import pytest
 
+from mdata.errors import TrainerError
 from mdata.planner.roster import (
     Holder,
     RankTakenError,
@@ -99,3 +100,84 @@ def test_ranks_outside_the_world_are_refused():
     roster = TrainerRoster(world_size=2, start_step=0)
     with pytest.raises(Exception, match="outside"):
         roster.attach(2, holder("x"), checkpoint_step=None, is_live=live())
+
+
+def test_a_rewind_is_only_decided_until_committed_so_a_refused_one_changes_nothing():
+    """A rank restarts with a checkpoint; building the state from it fails (the runtime never
+    commits): the healthy ranks keep their generation and the rank keeps no lease."""
+    roster = TrainerRoster(world_size=2, start_step=0)
+    healthy = holder("healthy")
+    roster.attach(0, healthy, checkpoint_step=None, is_live=live(healthy))
+    roster.attach(1, holder("old"), checkpoint_step=None, is_live=live(healthy))
+    att = roster.decide(1, holder("bad"), checkpoint_step=6, is_live=live(healthy))
+    assert (att.generation, att.start_step, att.rewind) == (1, 6, True)
+    assert roster.generation == 0 and roster.start_step == 0
+    roster.check(0, "token-healthy", 0)  # no StaleGenerationError: nothing moved
+    assert roster.holders()[1].token == "token-old"
+    again = roster.attach(1, holder("fixed"), checkpoint_step=None, is_live=live(healthy), next_step=4)
+    assert (again.generation, again.start_step, again.rewind) == (0, 4, False)
+    roster.check(0, "token-healthy", 0)
+
+
+def test_a_committed_rewind_moves_every_rank_to_the_new_generation():
+    roster = TrainerRoster(world_size=2, start_step=0)
+    for r in range(2):
+        roster.attach(r, holder(f"g0-{r}"), checkpoint_step=None, is_live=live())
+    att = roster.decide(1, holder("g1-1"), checkpoint_step=6, is_live=live())
+    roster.commit(att)
+    assert (roster.generation, roster.start_step) == (1, 6)
+    with pytest.raises(StaleGenerationError):
+        roster.check(0, "token-g0-0", 0)
+    roster.check(1, "token-g1-1", 1)
+
+
+def test_a_decision_taken_before_the_roster_moved_is_not_committed():
+    roster = TrainerRoster(world_size=2, start_step=0)
+    stale = roster.decide(0, holder("a"), checkpoint_step=5, is_live=live())
+    roster.rewound_by_driver(8)
+    with pytest.raises(TrainerError, match="attach again"):
+        roster.commit(stale)
+    assert (roster.generation, roster.start_step) == (1, 8) and roster.holders() == {}
+
+
+def test_ranks_resuming_from_different_steps_all_get_the_mismatch_naming_ranks_and_steps():
+    """The README's pattern on a job registered from rank 0's checkpoint (step 4): rank 1 brings
+    step 2. Rank 1 is refused, and rank 0, which joined first, hears the same error instead of
+    training alone or being bounced to another generation."""
+    roster = TrainerRoster(world_size=3, start_step=4)
+    roster.attach(0, holder("r0"), checkpoint_step=4, is_live=live())
+    roster.attach(2, holder("r2"), checkpoint_step=4, is_live=live())
+    with pytest.raises(ResumeMismatchError) as refused:
+        roster.attach(1, holder("r1"), checkpoint_step=2, is_live=live())
+    message = str(refused.value)
+    assert "rank 1" in message and "step 2" in message and "{0: 4, 2: 4}" in message
+    for rank in (0, 2):
+        with pytest.raises(ResumeMismatchError) as err:
+            roster.check(rank, f"token-r{rank}", 0)
+        assert str(err.value) == message
+    assert roster.generation == 0  # no rewind: nobody bounced to another generation
+    with pytest.raises(ResumeMismatchError):  # a rank without a checkpoint cannot join it either
+        roster.attach(1, holder("r1b"), checkpoint_step=None, is_live=live())
+
+
+def test_after_a_mismatch_consistent_checkpoints_start_a_new_generation_everyone_joins():
+    roster = TrainerRoster(world_size=2, start_step=4)
+    roster.attach(0, holder("r0"), checkpoint_step=4, is_live=live())
+    with pytest.raises(ResumeMismatchError):
+        roster.attach(1, holder("r1"), checkpoint_step=2, is_live=live())
+    first = roster.attach(1, holder("r1b"), checkpoint_step=4, is_live=live())  # not the failed one
+    second = roster.attach(0, holder("r0b"), checkpoint_step=4, is_live=live())
+    assert [(a.generation, a.start_step, a.rewind) for a in (first, second)] == [(1, 4, True),
+                                                                               (1, 4, False)]
+    roster.check(0, "token-r0b", 1)
+    roster.check(1, "token-r1b", 1)
+
+
+def test_a_rank_bringing_a_step_to_a_run_without_checkpoints_is_refused_alone():
+    """Ranks that started without checkpoints are no resume: a newcomer that brings a step is
+    refused, and they keep training."""
+    roster = TrainerRoster(world_size=2, start_step=0)
+    roster.attach(0, holder("a"), checkpoint_step=None, is_live=live())
+    with pytest.raises(ResumeMismatchError, match=r"\{0: None\}"):
+        roster.attach(1, holder("b"), checkpoint_step=3, is_live=live())
+    roster.check(0, "token-a", 0)
