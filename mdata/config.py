@@ -17,12 +17,20 @@ from dask.utils import parse_timedelta
 
 _DEFAULTS = Path(__file__).with_name("mdata.yaml")
 
-with _DEFAULTS.open() as _f:
-    dask.config.update_defaults(yaml.safe_load(_f))
+def _load_defaults() -> None:
+    with _DEFAULTS.open() as f:
+        dask.config.update_defaults(yaml.safe_load(f))
+
+
+_load_defaults()
 
 
 def get(key: str, default: Any = None) -> Any:
     """A raw value under ``mdata.``, e.g. ``get("trainer.prefetch")``."""
+    if "mdata" not in dask.config.config:
+        # ``with dask.config.set({"mdata.x": ...})`` entered before this module was imported
+        # deletes the whole ``mdata`` section on exit, defaults included: merge them back
+        _load_defaults()
     return dask.config.get(f"mdata.{key}", default=default)
 
 

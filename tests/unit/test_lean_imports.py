@@ -37,3 +37,17 @@ def test_lazy_names_resolve_and_unknown_names_fail():
     assert set(sources.__all__) <= set(dir(sources))
     with pytest.raises(AttributeError):
         sources.no_such_name  # noqa: B018
+
+
+def test_defaults_survive_a_config_block_entered_before_mdata_config_was_imported():
+    """``with dask.config.set({"mdata.x": ...})`` before ``mdata.config`` is imported removes
+    the whole ``mdata`` section on exit; mdata's defaults must come back, not read as None."""
+    code = (
+        "import dask.config\n"
+        "with dask.config.set({'mdata.trainer.timeout': '3s'}):\n"
+        "    from mdata import config\n"
+        "    assert config.seconds('trainer.timeout') == 3\n"
+        "assert config.get('cluster.host') == '127.0.0.1', config.get('cluster.host')\n"
+        "assert config.seconds('trainer.timeout') == 120\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
