@@ -79,7 +79,7 @@ def _register(client, plan, *, job: str, checkpoint: dict | None, **resume_optio
 
     plan.validate_for_delivery()
     return ask_sync(client, RegisterJobRequest(job=job, plan=plan.to_spec(), checkpoint=checkpoint,
-                                               **resume_options))
+                                               **resume_options, client=str(client.id)))
 
 
 class _BatchMoved(Exception):
@@ -395,6 +395,7 @@ class Loader:
         ask_sync(self.client, ReportMetricsRequest(
             job=self.job, rank=self.rank, step=int(step),
             metrics={k: float(v) for k, v in metrics.items()},
+            token=self._token, generation=self._generation,
         ))
 
     def close(self) -> None:

@@ -136,11 +136,12 @@ class RegisterJobRequest(Request):
     checkpoint: Mapping[str, Any] | None = None
     accept_appended_shards: bool = False
     allow_mixture_change: bool = False
+    client: str = ""  # the registering Dask client's id: it becomes a driver of the job
 
     def to_msg(self) -> dict[str, Any]:
         return {"job": self.job, "plan": plain(self.plan),
                 "checkpoint": None if self.checkpoint is None else dict(self.checkpoint),
-                **resume_flags_msg(self)}
+                **resume_flags_msg(self), "client": self.client}
 
     @classmethod
     def from_msg(cls, msg: Any) -> "RegisterJobRequest":
@@ -150,7 +151,7 @@ class RegisterJobRequest(Request):
                                  "sends; send the plan's spec, Plan.to_spec(), which submit_job and "
                                  "Loader(plan=...) do")
         out = cls(r.str("job"), r.dict("plan"), r.optional("checkpoint", check_dict),
-                  **read_resume_flags(r))
+                  **read_resume_flags(r), client=check_str(r.raw("client", ""), r, "client"))
         r.done()
         return out
 
@@ -209,10 +210,24 @@ class JobsRequest(Request):
 
 @dataclass(frozen=True)
 class CloseJobRequest(JobRequest):
-    """Close the job: its chunks and batches are released (idempotent)."""
+    """Close the job: its chunks and batches are released (idempotent). ``client``: the
+    caller's Dask client id; only the job's driver or one of its Loaders may close it
+    (mdata.planner.callers)."""
 
     handler = Handler.CLOSE_JOB
     reply = OkReply
+
+    client: str = field(default="", kw_only=True)
+
+    def to_msg(self) -> dict[str, Any]:
+        return {"job": self.job, "client": self.client}
+
+    @classmethod
+    def from_msg(cls, msg: Any) -> "CloseJobRequest":
+        r = Reader(cls.__name__, msg)
+        out = cls(r.str("job"), client=check_str(r.raw("client", ""), r, "client"))
+        r.done()
+        return out
 
 
 # -- checkpoint ----------------------------------------------------------------------------------

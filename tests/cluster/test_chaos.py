@@ -57,7 +57,7 @@ def test_loader_kill_loses_nothing(chaos_cluster, local_sources, reference_run, 
     got = group.received()
     assert_same_sequences(reference_run, got, what=f"the run that lost loader {address} ({chunks} chunks)")
     assert_exactly_once(got, plan.mesh, global_batch=GLOBAL_BATCH)
-    close_job(client, "loader-kill")
+    close_job(client, "loader-kill", plan)
 
 
 def test_whole_cluster_loss_resumes_from_trainer_checkpoints(chaos_cluster, local_sources,

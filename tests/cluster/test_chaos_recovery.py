@@ -78,7 +78,7 @@ def test_constructor_kill_loses_nothing(chaos_cluster, local_sources, reference_
     finally:
         group.kill_all()
     check(group, reference_run, plan, f"the run that lost constructor {address}")
-    close_job(chaos_cluster.client(), group.job)
+    close_job(chaos_cluster.client(), group.job, plan)
 
 
 def test_trainer_kill_and_live_resume(chaos_cluster, local_sources, reference_run, tmp_path):
@@ -97,7 +97,7 @@ def test_trainer_kill_and_live_resume(chaos_cluster, local_sources, reference_ru
     finally:
         group.kill_all()
     check(group, reference_run, plan, f"the run resumed live at step {resume}")
-    close_job(chaos_cluster.client(), group.job)
+    close_job(chaos_cluster.client(), group.job, plan)
 
 
 def test_storage_outage_is_waited_out(chaos_cluster, s3_sources, s3_corpus, reference_run, tmp_path):
@@ -116,7 +116,7 @@ def test_storage_outage_is_waited_out(chaos_cluster, s3_sources, s3_corpus, refe
         group.kill_all()
         server.start()
     check(group, reference_run, plan, "the run through a storage outage")
-    close_job(chaos_cluster.client(), group.job)
+    close_job(chaos_cluster.client(), group.job, plan)
 
 
 def test_chaos_all_faults_in_one_run(chaos_cluster, s3_sources, s3_corpus, reference_run, tmp_path):
@@ -141,4 +141,4 @@ def test_chaos_all_faults_in_one_run(chaos_cluster, s3_sources, s3_corpus, refer
         group.kill_all()
         server.start()
     check(group, reference_run, plan, f"the run through every fault (resumed at step {resume})")
-    close_job(chaos_cluster.client(), group.job)
+    close_job(chaos_cluster.client(), group.job, plan)
