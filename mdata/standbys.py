@@ -113,8 +113,9 @@ class StandbyBook:
         self._workers: dict[str, _Worker] = {}
         self._owed: Counter[frozenset[str]] = Counter()  # standbys promoted, not yet replaced
         self._served: set[str] = set()  # sources that have had a loader (the pool exists)
-        # standby address -> (the lost loader's sources, its address): promotions not confirmed
-        self._promoting: dict[str, tuple[frozenset[str], str]] = {}
+        # standby address -> (the sources it stands in for, the pool whose debt the promotion
+        # made, the lost loader's address): promotions not confirmed yet
+        self._promoting: dict[str, tuple[frozenset[str], frozenset[str], str | None]] = {}
         self._seq = 0
 
     # -- what the scheduler saw ------------------------------------------------------------------
@@ -146,7 +147,7 @@ class StandbyBook:
         orphaned = [s for s in worker.sources if s in self._served and not self._loaders_of(s)]
         if orphaned:
             self._owed[worker.sources] += 1  # the next loader to join becomes the standby
-            return [self._set_role(worker, Role.LOADER)]
+            return [self._promote(worker, frozenset(orphaned), None, debt=worker.sources)]
         return [Warm(address, tuple(sorted(worker.sources)))]
 
     def removed(self, address: str, *, expected: bool = False) -> list[RoleChange]:
@@ -182,21 +183,21 @@ class StandbyBook:
         pending = self._promoting.pop(address, None)
         if pending is None:
             return []
-        lost, replaces = pending
+        lost, debt, replaces = pending
         worker = self._workers.get(address)
         if worker is not None and worker.role is Role.LOADER:
             worker.role = Role.STANDBY  # the scheduler never gave it the pool's resources
-        owed = self._owed[lost] > 0
+        owed = self._owed[debt] > 0
         if owed:
-            self._owed[lost] -= 1
+            self._owed[debt] -= 1
         if all(self._loaders_of(s) for s in lost):
             return []  # the pool has a loader of every lost source anyway
         best = self._best_standby(lost, but=address)
         if best is None:
             return []
         if owed:
-            self._owed[lost] += 1  # another standby steps in: the pool owes one again
-        return [self._promote(best, lost, replaces)]
+            self._owed[debt] += 1  # another standby steps in: the pool owes one again
+        return [self._promote(best, lost, replaces, debt=debt)]
 
     def warmed(self, address: str, sources: Iterable[str]) -> None:
         """These sources are open in the standby ``address`` (its warm task finished)."""
@@ -244,9 +245,11 @@ class StandbyBook:
             return None
         return min(candidates, key=lambda w: (len(w.sources - lost), -len(w.warm & lost), w.seq))
 
-    def _promote(self, worker: _Worker, lost: frozenset[str], replaces: str) -> RoleChange:
-        """Mark ``worker`` loader now (unconfirmed until :meth:`promoted`)."""
-        self._promoting[worker.address] = (lost, replaces)
+    def _promote(self, worker: _Worker, lost: frozenset[str], replaces: str | None, *,
+                 debt: frozenset[str] | None = None) -> RoleChange:
+        """Mark ``worker`` loader of ``lost`` now, unconfirmed until :meth:`promoted`; ``debt``:
+        the pool whose debt the promotion made (default: ``lost``)."""
+        self._promoting[worker.address] = (lost, lost if debt is None else debt, replaces)
         return self._set_role(worker, Role.LOADER, replaces=replaces)
 
     def _loaders_of(self, source: str, *, but: str | None = None) -> list[str]:

@@ -175,3 +175,14 @@ def test_a_standby_that_dies_being_promoted_counts_as_a_failed_promotion():
     assert book.promotion_failed("S1") == []  # the keeper's own failure, later: already handled
     assert book.added("L2", TEXT)[0].role is Role.STANDBY  # pays the one debt
     assert book.loaders() == ["S2"] and sorted(book.standbys()) == ["L2"]
+
+
+def test_a_standby_that_fails_to_step_into_an_empty_pool_is_rolled_back_too():
+    book = book_with(("L", TEXT))
+    book.removed("L")  # no standby: nobody promoted, the pool has no loader
+    (change,) = book.added("S", TEXT_STANDBY)  # a standby joins: it loads at once
+    assert change.role is Role.LOADER and change.replaces is None
+    assert book.promotion_failed("S") == []
+    assert book.role("S") is Role.STANDBY and book.snapshot()["owed"] == {}
+    assert book.added("L2", TEXT) == []  # the restart is the loader, not a standby
+    assert book.loaders() == ["L2"]
