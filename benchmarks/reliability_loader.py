@@ -77,7 +77,7 @@ def loader_kill_stall(*, runs: int = 3, steps: int = 12, step_s: float = 0.5, ki
                 client = clients[name]
                 submit_job(client, plan, job=f"reference-{i}")
                 reference = _drive_in_lockstep(client, f"reference-{i}", steps, step_s)
-                client.sync(client.scheduler.mdata_close_job, job=f"reference-{i}")
+                client.sync(client.scheduler.mdata_close_job, job=f"reference-{i}", client=client.id)
                 job = f"kill-{i}"
                 submit_job(client, plan, job=job)
                 _wait_for_standbys(client, standbys)
@@ -88,7 +88,7 @@ def loader_kill_stall(*, runs: int = 3, steps: int = 12, step_s: float = 0.5, ki
                 lo, rep = _lost_and_repeated(got, reference)
                 lost[name] += lo
                 repeated[name] += rep
-                client.sync(client.scheduler.mdata_close_job, job=job)
+                client.sync(client.scheduler.mdata_close_job, job=job, client=client.id)
                 client.wait_for_workers(2 + standbys, timeout=120)  # the nanny restarted it
     out: dict[str, dict[str, Any]] = {}
     for name, standbys in configs.items():

@@ -133,7 +133,7 @@ def storage_outage_recovery(*, repeats: int = 3, outage_s: float = 3.0, steps: i
                 submit_job(client, plan, job="reference")
                 threads, reference, _, errors = train(client, "reference")
                 join(threads, errors)
-                client.sync(client.scheduler.mdata_close_job, job="reference")
+                client.sync(client.scheduler.mdata_close_job, job="reference", client=client.id)
                 recoveries, lost, repeated, differing = [], 0, 0, 0
                 for i in range(repeats):
                     job = f"outage-{i}"
@@ -155,7 +155,7 @@ def storage_outage_recovery(*, repeats: int = 3, outage_s: float = 3.0, steps: i
                         repeated += sum((have - want).values())
                         differing += sum(a != b for a, b in zip(got[r], reference[r]))
                         differing += abs(len(got[r]) - len(reference[r]))
-                    client.sync(client.scheduler.mdata_close_job, job=job)
+                    client.sync(client.scheduler.mdata_close_job, job=job, client=client.id)
     finally:
         while server:
             stop()

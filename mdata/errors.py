@@ -33,6 +33,7 @@ __all__ = [
     "StaleGenerationError",
     "RankTakenError",
     "ResumeMismatchError",
+    "CallerRefusedError",
     "BatchError",
     "ExampleDataError",
     "MaterialNotFoundError",
@@ -204,6 +205,11 @@ class RankTakenError(TrainerError):
 
 class ResumeMismatchError(TrainerError):
     """Ranks resuming one job brought checkpoints of different steps."""
+
+
+class CallerRefusedError(MdataError, PermissionError):
+    """A job-changing request (``close_job``) from a client that is neither the job's driver nor
+    one of its Loaders: refused, and the job runs on (mdata.planner.callers)."""
 
 
 class BatchError(MdataError):

@@ -113,6 +113,9 @@ class StandbyBook:
         self._workers: dict[str, _Worker] = {}
         self._owed: Counter[frozenset[str]] = Counter()  # standbys promoted, not yet replaced
         self._served: set[str] = set()  # sources that have had a loader (the pool exists)
+        # standby address -> (the sources it stands in for, the pool whose debt the promotion
+        # made, the lost loader's address): promotions not confirmed yet
+        self._promoting: dict[str, tuple[frozenset[str], frozenset[str], str | None]] = {}
         self._seq = 0
 
     # -- what the scheduler saw ------------------------------------------------------------------
@@ -144,24 +147,57 @@ class StandbyBook:
         orphaned = [s for s in worker.sources if s in self._served and not self._loaders_of(s)]
         if orphaned:
             self._owed[worker.sources] += 1  # the next loader to join becomes the standby
-            return [self._set_role(worker, Role.LOADER)]
+            return [self._promote(worker, frozenset(orphaned), None, debt=worker.sources)]
         return [Warm(address, tuple(sorted(worker.sources)))]
 
     def removed(self, address: str, *, expected: bool = False) -> list[RoleChange]:
         """A worker left. A lost loader is replaced by the best standby of its pool: one serving
         all of its sources (the fewest others, the most already warm, the longest waiting).
         ``expected``: the scheduler retired it on purpose (a pool scaled down): no replacement."""
+        if address in self._promoting:  # it died being promoted: as if the promotion failed
+            out = self.promotion_failed(address)
+            self._workers.pop(address, None)
+            return out
         worker = self._workers.pop(address, None)
         if worker is None or worker.role is Role.STANDBY or expected:
             return []
         lost = worker.sources
-        candidates = [w for w in self._workers.values()
-                      if w.role is Role.STANDBY and w.sources >= lost]
-        if not candidates:
+        best = self._best_standby(lost)
+        if best is None:
             return []
-        best = min(candidates, key=lambda w: (len(w.sources - lost), -len(w.warm & lost), w.seq))
         self._owed[lost] += 1
-        return [self._set_role(best, Role.LOADER, replaces=address)]
+        return [self._promote(best, lost, address)]
+
+    def promoted(self, address: str) -> None:
+        """The standby ``address`` confirmed its promotion (worker and scheduler both changed)."""
+        self._promoting.pop(address, None)
+
+    def promotion_failed(self, address: str) -> list[RoleChange]:
+        """Promoting ``address`` failed (it did not answer, refused, or left): it is a standby
+        again, and the lost loader's pool gets a loader another way.
+
+        The book marked it loader when it decided, so a loader that joined meanwhile may have
+        been demoted to pay the pool's debt: then that standby is promoted back (the debt was
+        paid by mistake); otherwise the debt is cancelled, and the next best standby, if any,
+        is promoted in its place. With none, the lost loader's restart stays a loader."""
+        pending = self._promoting.pop(address, None)
+        if pending is None:
+            return []
+        lost, debt, replaces = pending
+        worker = self._workers.get(address)
+        if worker is not None and worker.role is Role.LOADER:
+            worker.role = Role.STANDBY  # the scheduler never gave it the pool's resources
+        owed = self._owed[debt] > 0
+        if owed:
+            self._owed[debt] -= 1
+        if all(self._loaders_of(s) for s in lost):
+            return []  # the pool has a loader of every lost source anyway
+        best = self._best_standby(lost, but=address)
+        if best is None:
+            return []
+        if owed:
+            self._owed[debt] += 1  # another standby steps in: the pool owes one again
+        return [self._promote(best, lost, replaces, debt=debt)]
 
     def warmed(self, address: str, sources: Iterable[str]) -> None:
         """These sources are open in the standby ``address`` (its warm task finished)."""
@@ -200,6 +236,22 @@ class StandbyBook:
         }
 
     # -- internals -----------------------------------------------------------------------------------
+    def _best_standby(self, lost: frozenset[str], *, but: str | None = None) -> _Worker | None:
+        """The standby to promote for a lost loader of ``lost``: one serving all of them (the
+        fewest others, the most already warm, the longest waiting)."""
+        candidates = [w for w in self._workers.values()
+                      if w.role is Role.STANDBY and w.sources >= lost and w.address != but]
+        if not candidates:
+            return None
+        return min(candidates, key=lambda w: (len(w.sources - lost), -len(w.warm & lost), w.seq))
+
+    def _promote(self, worker: _Worker, lost: frozenset[str], replaces: str | None, *,
+                 debt: frozenset[str] | None = None) -> RoleChange:
+        """Mark ``worker`` loader of ``lost`` now, unconfirmed until :meth:`promoted`; ``debt``:
+        the pool whose debt the promotion made (default: ``lost``)."""
+        self._promoting[worker.address] = (lost, lost if debt is None else debt, replaces)
+        return self._set_role(worker, Role.LOADER, replaces=replaces)
+
     def _loaders_of(self, source: str, *, but: str | None = None) -> list[str]:
         return [w.address for w in self._workers.values()
                 if w.role is Role.LOADER and source in w.sources and w.address != but]

@@ -38,6 +38,7 @@ from mdata.wire.messages import (
 from mdata.planner.roster import Holder, TrainerRoster
 from mdata.wire.messages import AttachReply, AttachRequest
 from scheduler_plugins import rewind
+from scheduler_plugins.job_tasks import release_job_tasks
 from scheduler_plugins.lineage_store import LineageStore
 from scheduler_plugins.planner_view import PlannerView
 from scheduler_plugins.recoveries import RecoveryTally
@@ -146,6 +147,8 @@ class JobRuntime:
 
     async def _apply(self, events) -> None:
         """The body of :meth:`handle`; the caller holds ``self.lock``."""
+        if self._closed:  # queued behind close(): a closed job submits nothing
+            return
         try:
             if self.state.is_quiet(events):
                 # acknowledgements that plan nothing (most of them) take microseconds: applying
@@ -615,9 +618,11 @@ class JobRuntime:
             self._pending_done.set_result(None)  # acknowledgements of a closed job: nothing to do
         for task in list(self._tasks):
             task.cancel()
-        for fut in list(self.chunk_futures.values()) + list(self.batch_futures.values()):
-            fut.release()
-        self.chunk_futures.clear()
-        self.batch_futures.clear()
+        async with self.lock:  # a planning step in flight submits first; none runs after
+            for fut in list(self.chunk_futures.values()) + list(self.batch_futures.values()):
+                fut.release()
+            self.chunk_futures.clear()
+            self.batch_futures.clear()
+            release_job_tasks(self.scheduler, self.client.id, self.job)  # gone when close answers
         if self.lineage is not None:
             await asyncio.to_thread(self.lineage.close)

@@ -29,6 +29,7 @@ from mdata.checkpoint import Checkpoint
 from mdata.errors import MdataError, PlanError
 from mdata.ids import SampleId
 from mdata.plan import Plan
+from mdata.planner.callers import JobCallers
 from mdata.spec import scheduler_trust
 from mdata.wire import messages as msg
 from mdata.wire.errors import InvalidRequestError
@@ -36,6 +37,9 @@ from scheduler_plugins import lineage_store
 from scheduler_plugins.dashboard.pages import register_pages
 from scheduler_plugins.dashboard.routes import register_routes
 from scheduler_plugins.job_runtime import JobRuntime, pool_resource
+from scheduler_plugins.rank_checks import (
+    check_lease, check_metrics, check_received, check_stall, lease_is_current,
+)
 from scheduler_plugins.request_checks import (
     check_count, check_job_name, check_rank, check_step, check_timeout,
 )
@@ -74,6 +78,7 @@ class PlannerPlugin(SchedulerPlugin):
         self.storage: StoragePoller | None = None  # which sources wait on storage (storage_poll)
         self.standbys: StandbyKeeper | None = None  # the pools' warm standbys (scheduler_plugins.standbys)
         self.scaler_status: msg.ScalerStatus | None = None  # the pool autoscaler's last report
+        self.callers = JobCallers()  # who may change each job (mdata.planner.callers)
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self, scheduler) -> None:
@@ -118,9 +123,7 @@ class PlannerPlugin(SchedulerPlugin):
             self.storage.close()
         if self.standbys is not None:
             self.standbys.close()
-        for job in list(self.jobs.values()):
-            await job.close()
-        self.jobs.clear()
+        await self.close_jobs()
         if self.scheduler is not None:
             for name in self._handlers:
                 self.scheduler.handlers.pop(name, None)
@@ -128,6 +131,14 @@ class PlannerPlugin(SchedulerPlugin):
         if self._client is not None:
             await self._client.close()
             self._client = None
+
+    async def close_jobs(self) -> None:
+        """Close every job (the scheduler closes, or the process that runs it shuts down)."""
+        for name in list(self.jobs):
+            runtime = self.jobs.pop(name, None)
+            self.callers.forget(name)
+            if runtime is not None:
+                await runtime.close()
 
     def add_worker(self, scheduler, worker: str) -> None:
         # synchronous on purpose: a returning loader that becomes a standby must lose its pool
@@ -180,7 +191,9 @@ class PlannerPlugin(SchedulerPlugin):
         job that runs already rewinds it to the checkpoint's step (never silently ignored)."""
         check_job_name(req.handler.value, req.job)
         async with self._register_lock:
-            return await self._register(req)
+            info = await self._register(req)
+            self.callers.registered(req.job, req.client)  # a driver of the job from now on
+            return info
 
     async def _register(self, req: msg.RegisterJobRequest) -> msg.JobInfo:
         job, checkpoint = req.job, req.checkpoint
@@ -256,17 +269,25 @@ class PlannerPlugin(SchedulerPlugin):
         runtime = self._job(req.job)
         check_rank(req.handler.value, req.rank, runtime.plan.mesh.world_size)
         check_step(req.handler.value, req.step)
+        check_lease(req.handler.value, req.rank, req.token)  # (rank_checks)
         return runtime
 
     async def batch_location(self, req: msg.BatchLocationRequest) -> msg.BatchLocationReply:
         check_timeout(req.handler.value, req.timeout)
-        return await self._ranked(req).batch_location(req.rank, req.step, req.timeout,
-                                                       req.token, req.generation, req.delivered)
+        runtime = self._ranked(req)
+        if req.delivered is not None and lease_is_current(runtime.roster, req):
+            check_received(req.handler.value, runtime.view, req.rank,
+                           check_step(req.handler.value, req.delivered, "delivered"), "delivered")
+        return await runtime.batch_location(req.rank, req.step, req.timeout,
+                                            req.token, req.generation, req.delivered)
 
     async def ack(self, req: msg.AckRequest) -> msg.OkReply:
-        await self._ranked(req).acknowledge(req.rank, req.step, consumed=req.consumed,
-                                             token=req.token, generation=req.generation,
-                                             stalled_s=req.stalled_s)
+        runtime = self._ranked(req)
+        check_lease(req.handler.value, req.rank, req.token, runtime.roster, req.generation)
+        check_received(req.handler.value, runtime.view, req.rank, req.step)
+        await runtime.acknowledge(req.rank, req.step, consumed=req.consumed, token=req.token,
+                                  generation=req.generation,
+                                  stalled_s=check_stall(req.handler.value, req.rank, req.stalled_s))
         return msg.OkReply()
 
     async def attach(self, req: msg.AttachRequest) -> msg.AttachReply:
@@ -284,7 +305,11 @@ class PlannerPlugin(SchedulerPlugin):
         return msg.OkReply()
 
     async def report_metrics(self, req: msg.ReportMetricsRequest) -> msg.OkReply:
-        await self._ranked(req).handle(
+        runtime = self._ranked(req)
+        check_lease(req.handler.value, req.rank, req.token, runtime.roster, req.generation)
+        check_received(req.handler.value, runtime.view, req.rank, req.step)
+        check_metrics(req.handler.value, req.rank, req.step, req.metrics)
+        await runtime.handle(
             ps.MetricsReported(step=req.step, rank=req.rank, metrics=dict(req.metrics),
                                stimulus_id=f"metrics-{req.rank}-{req.step}")
         )
@@ -368,9 +393,13 @@ class PlannerPlugin(SchedulerPlugin):
         return msg.OkReply()
 
     async def close_job(self, req: msg.CloseJobRequest) -> msg.OkReply:
-        runtime = self.jobs.pop(req.job, None)
-        if runtime is not None:
-            await runtime.close()
+        runtime = self.jobs.get(req.job)
+        if runtime is not None:  # only its driver or one of its Loaders (mdata.planner.callers)
+            self.callers.check(req.handler.value, req.job, req.client,
+                               [h.client for h in runtime.roster.holders().values()])
+            if self.jobs.pop(req.job, None) is runtime:
+                self.callers.forget(req.job)
+                await runtime.close()
         return msg.OkReply()
 
 

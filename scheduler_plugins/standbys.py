@@ -34,6 +34,7 @@ from mdata.wire.messages import SetRoleRequest, ask
 logger = logging.getLogger("mdata.planner")
 
 ROLE_ATTEMPTS = 20  # a worker that just registered installs mdata's handlers a moment later
+ROLE_TIMEOUT_S = 5.0  # a role change not answered by then failed (a hung or frozen worker)
 
 
 class StandbyKeeper:
@@ -88,10 +89,16 @@ class StandbyKeeper:
 
     async def _promote(self, change: RoleChange) -> None:
         began = time.monotonic()
-        if not await self._tell_worker(change):
-            return  # it died meanwhile: its removal promotes another standby
-        if not _set_scheduler_resources(self.scheduler, change):
+        if not (await self._tell_worker(change) and _set_scheduler_resources(self.scheduler, change)):
+            # it died, hung or refused: a standby again, and the pool gets a loader another way
+            # (mdata.standbys.StandbyBook.promotion_failed)
+            decisions = self.book.promotion_failed(change.address)
+            logger.warning("mdata: promoting standby %s in place of %s failed; %s", change.address,
+                           change.replaces, ", ".join(f"promoting {d.address} instead"
+                                                      for d in decisions) or "no other standby")
+            self._carry_out(decisions)
             return
+        self.book.promoted(change.address)
         self.promotions.append({"time": time.time(), "standby": change.address,
                                 "replaces": change.replaces, "seconds": time.monotonic() - began})
         logger.info("mdata: standby %s promoted to loader of %s in place of %s", change.address,
@@ -111,7 +118,8 @@ class StandbyKeeper:
             if change.address not in self.scheduler.workers:
                 return False
             try:
-                await ask(self.scheduler.rpc(change.address), request)
+                await asyncio.wait_for(ask(self.scheduler.rpc(change.address), request),
+                                       ROLE_TIMEOUT_S)
                 return True
             except (OSError, asyncio.TimeoutError) as exc:
                 logger.warning("mdata: cannot reach %s to make it a %s: %s", change.address,

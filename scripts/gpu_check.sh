@@ -120,7 +120,7 @@ def main() -> None:
                     losses.append(float(loss))
                 wall = time.monotonic() - began
                 fetch = loader.fetch_seconds
-            client.sync(client.scheduler.mdata_close_job, job="gpu-check")
+            client.sync(client.scheduler.mdata_close_job, job="gpu-check", client=client.id)
 
     stats = default_lander(device).copy_stats()
     assert len(losses) == steps, f"trained {len(losses)} of {steps} steps"

@@ -171,17 +171,17 @@ class MdataCluster:
         self.cluster.close()
 
     def _close_jobs(self) -> None:
-        from mdata.wire.messages import CloseJobRequest, JobsRequest, ask
-
-        async def close_all() -> None:
-            comm = self.cluster.scheduler_comm
-            for job in (await ask(comm, JobsRequest())).jobs:
-                await ask(comm, CloseJobRequest(job))
-
+        """The process that runs the scheduler closes its jobs through the Planner itself: it
+        needs no driver's or Loader's identity (close_job asks for one, mdata.planner.callers),
+        and each job has released its tasks on the scheduler when this returns."""
         if getattr(self.cluster, "status", None) is None or self.cluster.status.name != "running":
             return  # never started or closing already: nothing to ask
+        extensions = getattr(getattr(self.cluster, "scheduler", None), "extensions", None) or {}
+        planner = extensions.get("mdata")
+        if planner is None:  # a scheduler in another process: its Planner closes them itself
+            return
         try:
-            self.cluster.sync(close_all)
+            self.cluster.sync(planner.close_jobs)
         except OSError:  # the scheduler is gone already: so are its jobs
             pass
 

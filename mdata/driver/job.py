@@ -243,8 +243,10 @@ class JobHandle:
         return out
 
     def close(self) -> None:
-        """Close the job on the cluster: its chunks and batches are released (idempotent)."""
-        self._ask(CloseJobRequest(self.job))
+        """Close the job on the cluster: its chunks and batches are released (idempotent).
+        Only the job's driver (a client that registered it) or one of its Loaders may: a handle
+        on someone else's job gets a CallerRefusedError (mdata.planner.callers)."""
+        self._ask(CloseJobRequest(self.job, client=str(self.client.id)))
 
     def __repr__(self) -> str:
         return f"JobHandle(job={self.job!r}, scheduler={self.client.scheduler.address!r})"

@@ -81,7 +81,8 @@ def _register(client, plan, *, job: str, checkpoint: dict | None, by_loader: boo
 
     plan.validate_for_delivery()
     return ask_sync(client, RegisterJobRequest(job=job, plan=plan.to_spec(), checkpoint=checkpoint,
-                                               by_loader=by_loader, **resume_options))
+                                               by_loader=by_loader, client=str(client.id),
+                                               **resume_options))
 
 
 class _BatchMoved(Exception):
@@ -397,6 +398,7 @@ class Loader:
         ask_sync(self.client, ReportMetricsRequest(
             job=self.job, rank=self.rank, step=int(step),
             metrics={k: float(v) for k, v in metrics.items()},
+            token=self._token, generation=self._generation,
         ))
 
     def close(self) -> None:

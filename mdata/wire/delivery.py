@@ -187,7 +187,9 @@ class AckRequest(Request):
 
 @dataclass(frozen=True)
 class ReportMetricsRequest(Request):
-    """Training metrics of ``step`` from ``rank`` (e.g. per-source loss) for metric-driven mixtures."""
+    """Training metrics of ``step`` from ``rank`` (e.g. per-source loss) for metric-driven
+    mixtures; ``token``/``generation``: the Loader's lease, as in :class:`BatchLocationRequest`
+    (the Planner refuses metrics without one)."""
 
     handler = Handler.REPORT_METRICS
     reply = OkReply
@@ -196,15 +198,20 @@ class ReportMetricsRequest(Request):
     rank: int
     step: int
     metrics: Mapping[str, float]
+    token: str = ""
+    generation: int = 0
 
     def to_msg(self) -> dict[str, Any]:
         return {"job": self.job, "rank": self.rank, "step": self.step,
-                "metrics": {k: float(v) for k, v in self.metrics.items()}}
+                "metrics": {k: float(v) for k, v in self.metrics.items()},
+                "token": self.token, "generation": self.generation}
 
     @classmethod
     def from_msg(cls, msg: Any) -> "ReportMetricsRequest":
         r = Reader(cls.__name__, msg)
-        out = cls(r.str("job"), r.int("rank"), r.int("step"), r.mapping("metrics", check_float))
+        out = cls(r.str("job"), r.int("rank"), r.int("step"), r.mapping("metrics", check_float),
+                  check_str(r.raw("token", ""), r, "token"),
+                  check_int(r.raw("generation", 0), r, "generation"))
         r.done()
         return out
 

@@ -140,11 +140,12 @@ class RegisterJobRequest(Request):
     accept_appended_shards: bool = False
     allow_mixture_change: bool = False
     by_loader: bool = False
+    client: str = ""  # the registering Dask client's id: it becomes a driver of the job
 
     def to_msg(self) -> dict[str, Any]:
         return {"job": self.job, "plan": plain(self.plan),
                 "checkpoint": None if self.checkpoint is None else dict(self.checkpoint),
-                **resume_flags_msg(self), "by_loader": bool(self.by_loader)}
+                **resume_flags_msg(self), "by_loader": bool(self.by_loader), "client": self.client}
 
     @classmethod
     def from_msg(cls, msg: Any) -> "RegisterJobRequest":
@@ -155,7 +156,8 @@ class RegisterJobRequest(Request):
                                  "Loader(plan=...) do")
         by_loader = check_bool(r.raw("by_loader", False), r, "by_loader")  # absent: a driver
         out = cls(r.str("job"), r.dict("plan"), r.optional("checkpoint", check_dict),
-                  **read_resume_flags(r), by_loader=by_loader)
+                  **read_resume_flags(r), by_loader=by_loader,
+                  client=check_str(r.raw("client", ""), r, "client"))
         r.done()
         return out
 
@@ -214,10 +216,24 @@ class JobsRequest(Request):
 
 @dataclass(frozen=True)
 class CloseJobRequest(JobRequest):
-    """Close the job: its chunks and batches are released (idempotent)."""
+    """Close the job: its chunks and batches are released (idempotent). ``client``: the
+    caller's Dask client id; only the job's driver or one of its Loaders may close it
+    (mdata.planner.callers)."""
 
     handler = Handler.CLOSE_JOB
     reply = OkReply
+
+    client: str = field(default="", kw_only=True)
+
+    def to_msg(self) -> dict[str, Any]:
+        return {"job": self.job, "client": self.client}
+
+    @classmethod
+    def from_msg(cls, msg: Any) -> "CloseJobRequest":
+        r = Reader(cls.__name__, msg)
+        out = cls(r.str("job"), client=check_str(r.raw("client", ""), r, "client"))
+        r.done()
+        return out
 
 
 # -- checkpoint ----------------------------------------------------------------------------------

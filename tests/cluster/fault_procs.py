@@ -154,8 +154,14 @@ class ClusterProcess:
         self.close()
 
 
-def close_job(client, job: str) -> None:
-    client.sync(client.scheduler.mdata_close_job, job=job)
+def close_job(client, job: str, plan=None) -> None:
+    """Close ``job`` as its driver: with ``plan``, this client registers it first (idempotent),
+    for a job its trainers registered (only a driver or a Loader may close a job)."""
+    if plan is not None:
+        from mdata.driver import submit_job
+
+        submit_job(client, plan, job=job)
+    client.sync(client.scheduler.mdata_close_job, job=job, client=client.id)
 
 
 def recoveries(client, job: str) -> dict[str, int]:

@@ -229,17 +229,17 @@ def uninterrupted_run(address: str, plan, workdir: Path, *, job: str, end_step: 
         group.wait_done(timeout)
     finally:
         group.kill_all()
-        _close_job_at(address, job)
+        _close_job_at(address, job, plan)
     return group.received()
 
 
-def _close_job_at(address: str, job: str) -> None:
+def _close_job_at(address: str, job: str, plan) -> None:
     """Free a finished job's chunks and batches on the cluster (best effort: it may be gone)."""
     from distributed import Client
 
     try:
         with Client(address, set_as_default=False, timeout=10) as client:
-            close_job(client, job)
+            close_job(client, job, plan)
     except OSError:
         pass
 

@@ -62,7 +62,7 @@ def run(client, plan: Plan, job: str) -> dict[int, list[dict]]:
     graph = client.sync(client.scheduler.mdata_lineage, job=job, steps=STEPS)
     assert graph["exactly_once"]["ok"], graph["exactly_once"]["problems"]
     got["planned"] = graph["samples"]
-    client.sync(client.scheduler.mdata_close_job, job=job)
+    client.sync(client.scheduler.mdata_close_job, job=job, client=client.id)
     return got
 
 
@@ -183,7 +183,7 @@ def test_broadcast_at_pp_first_stage_gets_inputs_and_labels_of_its_pipeline(
             submit_job(client, plan.broadcast_at(axis), job=job)
             got[axis] = run_loaders(client, job=job, world_size=PP_MESH.world_size, steps=STEPS,
                                     keep=keep_present)
-            client.sync(client.scheduler.mdata_close_job, job=job)
+            client.sync(client.scheduler.mdata_close_job, job=job, client=client.id)
     for rank in range(PP_MESH.world_size):
         coord = PP_MESH.coordinate(rank)
         for step in range(STEPS):

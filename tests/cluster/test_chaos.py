@@ -61,7 +61,7 @@ def test_loader_kill_loses_nothing(chaos_cluster, local_sources, reference_run, 
     # the recovery happened: chunks the dead loader held were loaded again for upcoming steps
     assert recoveries(client, "loader-kill")["chunks_reloaded"] >= 1, \
         f"loader {address} held {chunks} chunks of the job, none was reloaded"
-    close_job(client, "loader-kill")
+    close_job(client, "loader-kill", plan)
 
 
 def test_whole_cluster_loss_resumes_from_trainer_checkpoints(chaos_cluster, local_sources,

@@ -98,7 +98,7 @@ def test_constructor_kill_loses_nothing(chaos_cluster, local_sources, reference_
         group.kill_all()
     check(group, reference_run, plan, f"the run that lost constructor {address}")
     assert_recovered(chaos_cluster, group, batches_rebuilt=1)
-    close_job(chaos_cluster.client(), group.job)
+    close_job(chaos_cluster.client(), group.job, plan)
 
 
 def test_trainer_kill_and_live_resume(chaos_cluster, local_sources, reference_run, tmp_path):
@@ -118,7 +118,7 @@ def test_trainer_kill_and_live_resume(chaos_cluster, local_sources, reference_ru
         group.kill_all()
     check(group, reference_run, plan, f"the run resumed live at step {resume}")
     assert_rewound(group, resume)
-    close_job(chaos_cluster.client(), group.job)
+    close_job(chaos_cluster.client(), group.job, plan)
 
 
 def test_storage_outage_is_waited_out(chaos_cluster, s3_sources, s3_corpus, reference_run, tmp_path):
@@ -138,7 +138,7 @@ def test_storage_outage_is_waited_out(chaos_cluster, s3_sources, s3_corpus, refe
         server.start()
     check(group, reference_run, plan, "the run through a storage outage")
     assert_recovered(chaos_cluster, group, storage_outages=1)
-    close_job(chaos_cluster.client(), group.job)
+    close_job(chaos_cluster.client(), group.job, plan)
 
 
 def test_chaos_all_faults_in_one_run(chaos_cluster, s3_sources, s3_corpus, reference_run, tmp_path):
@@ -165,4 +165,4 @@ def test_chaos_all_faults_in_one_run(chaos_cluster, s3_sources, s3_corpus, refer
     check(group, reference_run, plan, f"the run through every fault (resumed at step {resume})")
     assert_recovered(chaos_cluster, group, chunks_reloaded=1, batches_rebuilt=1, storage_outages=1)
     assert_rewound(group, resume)
-    close_job(chaos_cluster.client(), group.job)
+    close_job(chaos_cluster.client(), group.job, plan)

@@ -311,7 +311,7 @@ def test_jobs_route_and_selector_follow_the_latest_job_unless_one_is_picked(mdat
             on_loop(mdata_cluster, lambda s: pinned.update())
             assert list(pinned.source.data["rank"]) == []
         finally:
-            client.sync(client.scheduler.mdata_close_job, job="second")
+            client.sync(client.scheduler.mdata_close_job, job="second", client=client.id)
     on_loop(mdata_cluster, lambda s: pinned.update())  # a closed pinned job falls back to the latest
     assert (pinned.jobs.widget.value, list(pinned.jobs.widget.options)) == (LATEST, [LATEST, JOB])
     assert list(pinned.source.data["steps_consumed"]) == [STEPS] * 4

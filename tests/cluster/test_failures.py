@@ -89,7 +89,7 @@ def test_a_corrupt_shard_reaches_the_trainer_as_its_own_error_class(client, exam
     assert time.monotonic() - began < 60  # surfaced, not waited out
     status = client.sync(client.scheduler.mdata_status, job="corrupt")
     assert "part-00001.jsonl" in status["failure"]
-    client.sync(client.scheduler.mdata_close_job, job="corrupt")
+    client.sync(client.scheduler.mdata_close_job, job="corrupt", client=client.id)
 
 
 def test_undecodable_images_are_skipped_within_tolerance_and_counted(client, example_sources_small,
@@ -120,7 +120,7 @@ def test_undecodable_images_are_skipped_within_tolerance_and_counted(client, exa
     assert status["failure"] is None
     graph = client.sync(client.scheduler.mdata_lineage, job="skips", steps=12)
     assert graph["exactly_once"]["ok"], graph["exactly_once"]["problems"]
-    client.sync(client.scheduler.mdata_close_job, job="skips")
+    client.sync(client.scheduler.mdata_close_job, job="skips", client=client.id)
 
 
 def test_resume_from_a_trainer_checkpoint_reproduces_the_sequence(client, example_sources_small):
@@ -144,7 +144,7 @@ def test_resume_from_a_trainer_checkpoint_reproduces_the_sequence(client, exampl
     for rank in range(2):
         assert resumed[rank] == whole[rank][3:]
     for job in ("uninterrupted", "uninterrupted-2", "resumed"):
-        client.sync(client.scheduler.mdata_close_job, job=job)
+        client.sync(client.scheduler.mdata_close_job, job=job, client=client.id)
 
 
 @pytest.fixture
@@ -175,7 +175,7 @@ def test_losing_a_loader_worker_loses_no_sample(resilient_cluster):
     with Client(cluster.scheduler_address, set_as_default=False) as client:
         submit_job(client, plan, job="no-loss")
         reference = run_loaders(client, job="no-loss", world_size=2, steps=steps, keep=keep)
-        client.sync(client.scheduler.mdata_close_job, job="no-loss")
+        client.sync(client.scheduler.mdata_close_job, job="no-loss", client=client.id)
         submit_job(client, plan, job="loss")
         results: dict[int, list] = {0: [], 1: []}
         killed: list = []
@@ -204,7 +204,7 @@ def test_losing_a_loader_worker_loses_no_sample(resilient_cluster):
         status = client.sync(client.scheduler.mdata_status, job="loss")
         assert status["failure"] is None
         assert status["recoveries"]["chunks_reloaded"] >= 1, (killed, status["recoveries"])
-        client.sync(client.scheduler.mdata_close_job, job="loss")
+        client.sync(client.scheduler.mdata_close_job, job="loss", client=client.id)
 
 
 def test_closing_a_job_frees_its_constructors_for_the_next_job(client, example_sources_small):
@@ -213,12 +213,12 @@ def test_closing_a_job_frees_its_constructors_for_the_next_job(client, example_s
     plan = plan_for(example_sources_small[:4]).window(4)
     submit_job(client, plan, job="closed-early")
     run_loaders(client, job="closed-early", world_size=2, steps=1)
-    client.sync(client.scheduler.mdata_close_job, job="closed-early")  # steps 1..4 in flight
+    client.sync(client.scheduler.mdata_close_job, job="closed-early", client=client.id)  # steps 1..4 in flight
     began = time.monotonic()
     submit_job(client, plan, job="next")
     run_loaders(client, job="next", world_size=2, steps=3, timeout=30)
     assert time.monotonic() - began < 30
-    client.sync(client.scheduler.mdata_close_job, job="next")
+    client.sync(client.scheduler.mdata_close_job, job="next", client=client.id)
 
 
 def test_pools_scale_one_by_one_and_follow_the_planners_targets(resilient_cluster):

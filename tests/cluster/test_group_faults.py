@@ -180,7 +180,7 @@ def test_a_worker_killed_between_the_ranks_of_a_group_loses_and_repeats_nothing(
     reference = Ranks(client, ref_job).join()
     # without a fault nothing is counted: the counts below tell a recovery from a quiet run
     assert set(client.sync(client.scheduler.mdata_status, job=ref_job)["recoveries"].values()) == {0}
-    client.sync(client.scheduler.mdata_close_job, job=ref_job)
+    client.sync(client.scheduler.mdata_close_job, job=ref_job, client=client.id)
     assert all(len(reference[r]) == STEPS for r in reference)
 
     submit_job(client, plan, job=job)
@@ -204,7 +204,7 @@ def test_a_worker_killed_between_the_ranks_of_a_group_loses_and_repeats_nothing(
     # held the chunks of those steps (group 0 has not consumed them), and they were loaded again
     assert status["recoveries"][recovery] >= (FETCHED + 1 if fault == "constructor" else 1), \
         status["recoveries"]
-    client.sync(client.scheduler.mdata_close_job, job=job)
+    client.sync(client.scheduler.mdata_close_job, job=job, client=client.id)
 
 
 def test_every_rank_of_the_mesh_resumed_live_from_a_checkpoint_gets_the_uninterrupted_sequence(
@@ -217,7 +217,7 @@ def test_every_rank_of_the_mesh_resumed_live_from_a_checkpoint_gets_the_uninterr
     client.wait_for_workers(2, timeout=60)
     submit_job(client, plan, job="group-resume-ref")
     reference = Ranks(client, "group-resume-ref").join()
-    client.sync(client.scheduler.mdata_close_job, job="group-resume-ref")
+    client.sync(client.scheduler.mdata_close_job, job="group-resume-ref", client=client.id)
 
     submit_job(client, plan, job="group-resume")
     first = Ranks(client, "group-resume", steps=4, save_at=2)
@@ -231,4 +231,4 @@ def test_every_rank_of_the_mesh_resumed_live_from_a_checkpoint_gets_the_uninterr
         assert [r[0] for r in resumed[rank]] == list(range(2, STEPS)), rank
         assert before[rank][:2] + resumed[rank] == reference[rank], (rank, MESH.coordinate(rank))
     assert client.sync(client.scheduler.mdata_status, job="group-resume")["failure"] is None
-    client.sync(client.scheduler.mdata_close_job, job="group-resume")
+    client.sync(client.scheduler.mdata_close_job, job="group-resume", client=client.id)

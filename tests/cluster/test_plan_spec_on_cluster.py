@@ -110,7 +110,7 @@ def test_a_transform_only_the_workers_can_import_runs_there_and_never_on_the_sch
     assert client.run_on_scheduler(imported) is False
     assert USER_MODULE not in sys.modules  # the scheduler runs in this very process
     assert True in client.run(imported).values()  # the loaders imported it to run it
-    client.sync(client.scheduler.mdata_close_job, job="worker-only")
+    client.sync(client.scheduler.mdata_close_job, job="worker-only", client=client.id)
 
 
 def test_a_transform_no_loader_can_import_fails_registration_naming_it_and_the_worker(cluster):
@@ -264,4 +264,4 @@ def test_every_handler_refuses_arguments_out_of_range(cluster):
              receives_labels=True)
     # the job still runs after all that
     assert call(s.mdata_job_info, job="ranges")["world_size"] == 2
-    call(s.mdata_close_job, job="ranges")
+    call(s.mdata_close_job, job="ranges", client=client.id)

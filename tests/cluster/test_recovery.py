@@ -28,7 +28,7 @@ def received(batch) -> tuple:
 
 def close(client, *jobs: str) -> None:
     for job in jobs:
-        client.sync(client.scheduler.mdata_close_job, job=job)
+        client.sync(client.scheduler.mdata_close_job, job=job, client=client.id)
 
 
 def test_resuming_on_the_live_cluster_rewinds_the_job_for_every_rank(client, example_sources_small):

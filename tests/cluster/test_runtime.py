@@ -98,7 +98,7 @@ def test_trainer_processes_receive_every_planned_sample_exactly_once(mdata_clust
             assert a["sample_ids"] == b["sample_ids"] and a["seqlens"] == b["seqlens"]
             for ids_a, ids_b in zip(a["input_ids"], b["input_ids"]):
                 assert len(ids_a) == len(ids_b)
-    client.sync(client.scheduler.mdata_close_job, job="procs")
+    client.sync(client.scheduler.mdata_close_job, job="procs", client=client.id)
 
 
 def test_cp_split_reassembles_the_real_tokens(client, example_sources_small):
@@ -128,7 +128,7 @@ def test_cp_split_reassembles_the_real_tokens(client, example_sources_small):
             expected = chunk.tokens(0)[:length] if chunk.num_patches[0] == 0 else None
             if expected is not None:
                 assert full[:length].tolist() == expected.tolist()
-    client.sync(client.scheduler.mdata_close_job, job="cp")
+    client.sync(client.scheduler.mdata_close_job, job="cp", client=client.id)
 
 
 def test_roles_tp_identical_pp_stages(client, example_sources_small):
@@ -153,7 +153,7 @@ def test_roles_tp_identical_pp_stages(client, example_sources_small):
                 assert "seqlens" in mb  # every stage knows the shapes
         if role.metadata_only:
             assert coord.pp == 1
-    client.sync(client.scheduler.mdata_close_job, job="roles")
+    client.sync(client.scheduler.mdata_close_job, job="roles", client=client.id)
 
 
 def test_per_rank_costs_and_mixture_equal_the_pure_simulation(client, example_sources_small):
@@ -179,7 +179,7 @@ def test_per_rank_costs_and_mixture_equal_the_pure_simulation(client, example_so
         assert summary["counts"] == dict(zip(sim.names, sim.counts[step].tolist()))
         # exact mixture: counts are the largest-remainder apportionment of the global batch
         assert sum(summary["counts"].values()) == 16
-    client.sync(client.scheduler.mdata_close_job, job="sim")
+    client.sync(client.scheduler.mdata_close_job, job="sim", client=client.id)
 
 
 def test_a_stalled_trainer_keeps_memory_bounded(client, example_sources_small):
@@ -205,7 +205,7 @@ def test_a_stalled_trainer_keeps_memory_bounded(client, example_sources_small):
         assert snap["batches_in_memory"] <= plan.window_steps * mesh.dp
     assert later["chunks_in_memory"] == first["chunks_in_memory"]
     assert later["counters"]["planned_step"] == first["counters"]["planned_step"]
-    client.sync(client.scheduler.mdata_close_job, job="stall")
+    client.sync(client.scheduler.mdata_close_job, job="stall", client=client.id)
 
 
 def test_wrong_world_size_or_rank_is_a_clear_error(client, example_sources_small):
@@ -220,7 +220,7 @@ def test_wrong_world_size_or_rank_is_a_clear_error(client, example_sources_small
     with pytest.raises(TrainerError, match="no mdata job named 'nope'|job 'nope' was not registered"):
         with Loader(client, job="nope", rank=0, world_size=4, timeout=1) as loader:
             next(iter(loader))
-    client.sync(client.scheduler.mdata_close_job, job="mesh")
+    client.sync(client.scheduler.mdata_close_job, job="mesh", client=client.id)
 
 
 def test_bf16_batches_round_trip_through_the_cluster(client):
@@ -271,7 +271,7 @@ def test_broadcast_at_tp_only_tp_rank_zero_pulls_data(client, example_sources_sm
                 assert batch["broadcast_from"] == mesh.rank((coord.dp, coord.pp, coord.cp, 0))
     graph = lineage(client, "bcast", 3)
     assert graph["exactly_once"]["ok"], graph["exactly_once"]["problems"]
-    client.sync(client.scheduler.mdata_close_job, job="bcast")
+    client.sync(client.scheduler.mdata_close_job, job="bcast", client=client.id)
 
 
 def test_an_unreachable_scheduler_is_a_trainer_error():
@@ -324,4 +324,4 @@ def test_metrics_reported_by_trainers_steer_a_metric_driven_mixture(client, exam
     assert summaries["7"]["counts"] == {"chat": 0, "code": 8}
     ckpt = client.sync(client.scheduler.mdata_checkpoint, job="metrics", step=8)
     assert ckpt["mixture"]["history"][-1]["metrics"] == {"loss/chat": 0.0, "loss/code": 2.5}
-    client.sync(client.scheduler.mdata_close_job, job="metrics")
+    client.sync(client.scheduler.mdata_close_job, job="metrics", client=client.id)

@@ -102,7 +102,7 @@ def test_a_warm_standby_takes_over_a_killed_loaders_chunks(standby_cluster):
 
     submit_job(client, plan, job="reference")
     reference = drive(client, "reference")
-    client.sync(client.scheduler.mdata_close_job, job="reference")
+    client.sync(client.scheduler.mdata_close_job, job="reference", client=client.id)
 
     submit_job(client, plan, job="shadow")
     (standby,) = wait_for(lambda: with_role(client, "standby", warm=True), "a warm standby")
@@ -157,4 +157,4 @@ def test_a_warm_standby_takes_over_a_killed_loaders_chunks(standby_cluster):
     info = client.scheduler_info()["workers"]
     assert set(info[restarted[0]]["resources"]) == {f"standby_{s.name}" for s in sources}
     assert set(info[standby]["resources"]) == {f"pool_{s.name}" for s in sources}
-    client.sync(client.scheduler.mdata_close_job, job="shadow")
+    client.sync(client.scheduler.mdata_close_job, job="shadow", client=client.id)

@@ -130,3 +130,59 @@ def test_pool_specs_carry_standbys_and_their_resources():
         assert PoolSpec("text", ("chat",)).standby_count() == 2
     with pytest.raises(PlanError, match="standbys must be an int >= 0"):
         PoolSpec("text", ("chat",), standbys=-1)
+
+
+# -- a promotion that fails (the standby hung, refused or died) is rolled back ------------------------
+def test_a_failed_promotion_is_rolled_back_and_the_restarted_loader_stays_a_loader():
+    book = book_with(("L", TEXT), ("S", TEXT_STANDBY))
+    book.removed("L")  # S is being promoted
+    assert book.promotion_failed("S") == []  # no other standby: nobody else to promote
+    assert book.role("S") is Role.STANDBY and book.snapshot()["owed"] == {}
+    assert book.added("L2", TEXT) == []  # the restart owes nothing: it stays the loader
+    assert book.loaders("chat") == ["L2"] and book.standbys() == ["S"]
+
+
+def test_a_loader_demoted_while_the_promotion_was_pending_is_promoted_back():
+    book = book_with(("L", TEXT), ("S", TEXT_STANDBY))
+    book.removed("L")
+    (demote, _) = book.added("L2", TEXT)  # the book believed S a loader: L2 paid the debt
+    assert demote.role is Role.STANDBY and book.loaders() == ["S"]
+    (change,) = book.promotion_failed("S")
+    assert change == RoleChange("L2", Role.LOADER, {"pool_chat": 2.0, "pool_code": 2.0},
+                                ("standby_chat", "standby_code"), replaces="L")
+    book.promoted("L2")
+    assert book.loaders() == ["L2"] and book.standbys() == ["S"]
+    assert book.snapshot()["owed"] == {}  # the shape it was deployed with: 1 loader, 1 standby
+    assert book.promotion_failed("L2") == []  # confirmed: nothing to roll back
+
+
+def test_another_standby_steps_in_when_the_first_one_fails():
+    book = book_with(("L", TEXT), ("S1", TEXT_STANDBY), ("S2", TEXT_STANDBY))
+    (first,) = book.removed("L")
+    assert first.address == "S1"
+    (second,) = book.promotion_failed("S1")
+    assert second.address == "S2" and second.replaces == "L"
+    assert book.snapshot()["owed"] == {"chat,code": 1}  # the restarted loader will be the standby
+    assert book.standbys() == ["S1"]
+
+
+def test_a_standby_that_dies_being_promoted_counts_as_a_failed_promotion():
+    book = book_with(("L", TEXT), ("S1", TEXT_STANDBY), ("S2", TEXT_STANDBY))
+    book.removed("L")
+    (change,) = book.removed("S1")  # killed while the Planner promoted it
+    assert change.address == "S2" and change.role is Role.LOADER
+    assert book.snapshot()["owed"] == {"chat,code": 1}
+    assert book.promotion_failed("S1") == []  # the keeper's own failure, later: already handled
+    assert book.added("L2", TEXT)[0].role is Role.STANDBY  # pays the one debt
+    assert book.loaders() == ["S2"] and sorted(book.standbys()) == ["L2"]
+
+
+def test_a_standby_that_fails_to_step_into_an_empty_pool_is_rolled_back_too():
+    book = book_with(("L", TEXT))
+    book.removed("L")  # no standby: nobody promoted, the pool has no loader
+    (change,) = book.added("S", TEXT_STANDBY)  # a standby joins: it loads at once
+    assert change.role is Role.LOADER and change.replaces is None
+    assert book.promotion_failed("S") == []
+    assert book.role("S") is Role.STANDBY and book.snapshot()["owed"] == {}
+    assert book.added("L2", TEXT) == []  # the restart is the loader, not a standby
+    assert book.loaders() == ["L2"]

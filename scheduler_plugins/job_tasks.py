@@ -1,0 +1,45 @@
+"""A closed job lets go of its Dask tasks before ``close_job`` answers.
+
+A job's runtime holds its load, summary and construct tasks through futures of the Planner's own
+client. ``Future.release()`` only queues a release on that client's batched stream, which the
+scheduler reads a few milliseconds later, so a job could answer ``close_job`` while the scheduler
+still held every chunk and batch it had planned ahead. A cluster closed right after (what
+``MdataCluster.close`` and ``mdata cluster up`` do at shutdown) then removed its workers while
+those tasks were in memory, and Dask logged "Removing worker ... caused the cluster to lose
+already computed task(s), which will be recomputed elsewhere" for a job nobody ran any more.
+
+The runtime runs on the scheduler, so it releases the tasks on the scheduler itself, at once:
+when :func:`release_job_tasks` returns, the scheduler no longer holds a task of the job for the
+Planner's client (tasks another client asked for by the same key stay theirs).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["JOB_TASK_PREFIXES", "job_task_keys", "release_job_tasks"]
+
+#: The key prefixes of a job's tasks: ``(prefix, job, ...)`` (mdata.order.chunk_key, the runtime).
+JOB_TASK_PREFIXES = frozenset({"mdata-load", "mdata-summary", "mdata-construct"})
+
+
+def job_task_keys(tasks: Any, job: str) -> list[tuple]:
+    """The keys of ``job``'s tasks among the scheduler's ``tasks`` (any mapping keyed by key)."""
+    return [key for key in tasks
+            if isinstance(key, tuple) and len(key) > 1 and key[0] in JOB_TASK_PREFIXES
+            and key[1] == job]
+
+
+def release_job_tasks(scheduler: Any, client_id: str, job: str) -> int:
+    """Release, on the scheduler now, every task of ``job`` that the client ``client_id`` wants;
+    returns how many. Tasks nobody else wants are forgotten (a running one is cancelled on its
+    worker) before this returns."""
+    state = scheduler.clients.get(client_id)
+    if state is None:  # the Planner's client left already: the scheduler released its keys
+        return 0
+    keys = [key for key in job_task_keys(scheduler.tasks, job)
+            if scheduler.tasks[key] in state.wants_what]
+    if keys:
+        scheduler.client_releases_keys(keys=keys, client=client_id,
+                                       stimulus_id=f"mdata-close-job-{job}")
+    return len(keys)
