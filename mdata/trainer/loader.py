@@ -28,6 +28,7 @@ import socket
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
@@ -168,6 +169,9 @@ class Loader:
         self._thread: threading.Thread | None = None
         self.wait_seconds = 0.0
         self.fetch_seconds = 0.0
+        # seconds of each location request that returned a location (includes its long-poll wait
+        # when the batch was not ready yet): what the control plane costs a rank, kept bounded
+        self.locate_seconds: deque[float] = deque(maxlen=4096)
         self._storage_notice = StorageNotice(self.client, job, self.rank)  # long waits: why
 
     def attach(self) -> dict:
@@ -337,10 +341,12 @@ class Loader:
         deadline = began + self.timeout
         while True:
             poll = max(0.1, min(self.poll_interval, deadline - time.monotonic()))
+            asked = time.monotonic()
             reply = ask_sync(self.client, BatchLocationRequest(
                 job=self.job, rank=self.rank, step=step, timeout=poll, token=self._token,
                 generation=self._generation, delivered=delivered))
             if reply.status is Status.OK:
+                self.locate_seconds.append(time.monotonic() - asked)
                 return reply.location
             if reply.status is Status.FAILED:
                 # the error that failed the job, as its own class (a CorruptShardError...)
