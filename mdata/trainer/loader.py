@@ -34,6 +34,7 @@ from typing import Any
 
 from mdata.errors import MeshError, RankTakenError, TrainerError, TrainerTimeoutError
 from mdata.trainer.checkpoints import JobData, checkpoint_of, loader_state
+from mdata.trainer.environment import default_device, rank_from_env
 from mdata.trainer.storage_notice import StorageNotice
 from mdata.wire.messages import (
     AckRequest, AttachRequest, BatchLocation, BatchLocationRequest, DetachRequest, GetBatchRequest,
@@ -87,26 +88,6 @@ class _BatchMoved(Exception):
     """No constructor served the batch where the Planner said it was: ask again."""
 
 
-def default_device():
-    """Where batches land: this process's GPU when CUDA is available (``cuda:LOCAL_RANK``, as
-    torchrun sets it), else ``None`` (plain CPU tensors)."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return None
-    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-
-
-def _rank_from_env() -> tuple[int, int]:
-    try:
-        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    except KeyError:
-        raise TrainerError(
-            "cannot tell this trainer's rank: set RANK and WORLD_SIZE (torchrun does) or pass "
-            "rank= and world_size= to mdata.trainer.Loader"
-        ) from None
-
-
 class Loader:
     """Iterate over the batches of one trainer rank; torch-friendly, checkpointable, bounded.
 
@@ -136,7 +117,7 @@ class Loader:
         import mdata.wire.frames  # noqa: F401
 
         if rank is None or world_size is None:
-            env_rank, env_world = _rank_from_env()
+            env_rank, env_world = rank_from_env()
             rank = env_rank if rank is None else rank
             world_size = env_world if world_size is None else world_size
         self.rank = int(rank)
