@@ -33,6 +33,7 @@ sentence saying why.
 from __future__ import annotations
 
 import math
+import statistics
 from collections import deque
 
 import numpy as np
@@ -105,7 +106,9 @@ class PoolSizer:
             return
         recent = self._loads[source_index]
         recent.append(seconds / samples)
-        self.sec_per_sample[source_index] = float(np.median(recent))
+        # statistics.median: a few dozen floats, ~20x cheaper than np.median's array set-up,
+        # and this runs once per loaded chunk on the scheduler
+        self.sec_per_sample[source_index] = float(statistics.median(recent))
 
     def observe_threads(self, source_index: int, threads: int) -> None:
         """The workers of the source's pool run ``threads`` loader threads each (0: unknown)."""

@@ -61,22 +61,29 @@ class StepAssigner:
                 dp_rank=a.rank, micro_batch=a.micro_batch, position=a.position, num_tokens=trunc)
         else:
             ids = np.full(src.size, -1, np.int64)
-        order = np.lexsort((a.position, a.micro_batch, a.rank))
-        bounds = np.searchsorted(a.rank[order], np.arange(self.dp + 1))
-        src32, shard32 = src.astype(np.int32), shard.astype(np.int32)
-        index32 = index.astype(np.int32)
+        # every rank's samples grouped by chunk (ascending key), in (micro-batch, position) order
+        # within a chunk: one sort for the whole step, then each rank takes its slice (a loop of
+        # np.unique per rank cost a tenth of a 16k-GPU step)
+        order = np.lexsort((a.position, a.micro_batch, keys, a.rank))
+        rank_o, keys_o = a.rank[order], keys[order]
+        bounds = np.searchsorted(rank_o, np.arange(self.dp + 1))
+        first = np.ones(order.size, bool)  # the first sample of each (rank, chunk) run
+        first[1:] = (rank_o[1:] != rank_o[:-1]) | (keys_o[1:] != keys_o[:-1])
+        run = np.cumsum(first) - 1  # the run each sample is in, counted over the step
+        run_keys = keys_o[first].tolist()
+        cols = (index.astype(np.int32)[order], a.micro_batch[order], a.position[order], trunc[order],
+                ids[order], src.astype(np.int32)[order], shard.astype(np.int32)[order], row[order])
         batches: list[ConstructBatch] = []
         for d in range(self.dp):
-            sel_d = order[bounds[d]:bounds[d + 1]]
-            ukeys, local = np.unique(keys[sel_d], return_inverse=True)
-            by_chunk = np.argsort(local, kind="stable")  # group by chunk, keep (mb, position) order
-            sel_d, local = sel_d[by_chunk], local[by_chunk]
+            lo, hi = int(bounds[d]), int(bounds[d + 1])
+            base = int(run[lo]) if hi > lo else 0
+            runs = int(run[hi - 1]) + 1 - base if hi > lo else 0
+            idx, mb, pos, tok, sid_, src_, shard_, row_ = (c[lo:hi] for c in cols)
             samples = StepSamples(
-                chunks=tuple(refs_of(ukeys.tolist())),
-                chunk=local.astype(np.int32), index=index32[sel_d], micro_batch=a.micro_batch[sel_d],
-                position=a.position[sel_d], num_tokens=trunc[sel_d], sample_ids=ids[sel_d],
-                source_index=src32[sel_d], shard=shard32[sel_d], row=row[sel_d],
-                num_micro_batches=a.num_micro_batches)
+                chunks=tuple(refs_of(run_keys[base:base + runs])),
+                chunk=(run[lo:hi] - base).astype(np.int32), index=idx, micro_batch=mb,
+                position=pos, num_tokens=tok, sample_ids=sid_, source_index=src_, shard=shard_,
+                row=row_, num_micro_batches=a.num_micro_batches)
             batches.append(ConstructBatch(step, d, samples, stimulus_id=sid))
         S = len(self.names)
         summary = StepSummary(

@@ -45,6 +45,7 @@ from mdata.planner.apportion import PlannedStep, Provisioner, source_orders
 from mdata.planner.assign import StepAssigner
 from mdata.planner.checkpoints import JobIdentity, as_checkpoint, restore_checkpoint, take_checkpoint
 from mdata.planner.chunk_table import ChunkTable, NotLoaded
+from mdata.planner.consumption import consume_by_group
 from mdata.planner.events import (
     BatchConsumed, BatchDelivered, ChunkFailed, ChunkLoaded, MetricsReported, PlannerEvent,
     RanksConsumed, Tick, WorkerLost,
@@ -101,6 +102,8 @@ class PlannerState:
         #: ranks that receive each DP group's batch (others get it by broadcast)
         self.receivers = [frozenset(self.mesh.receivers(d, plan.broadcast)) for d in range(self.mesh.dp)]
         self._rank_dp = {r: d for d, rs in enumerate(self.receivers) for r in rs}
+        self._rank_dp_table = np.full(self.mesh.world_size, -1, np.int64)  # -1: gets it by broadcast
+        self._rank_dp_table[list(self._rank_dp)] = list(self._rank_dp.values())
         self._receiving = sum(map(len, self.receivers))  # acknowledgements that complete a step
 
         # the collaborators, built here and nowhere else
@@ -148,11 +151,6 @@ class PlannerState:
         out: list[Instruction] = []
         log = self.log.append
         for ev in events:
-            # the common case at thousands of ranks, applied inline (no release, no planning)
-            if (type(ev) is BatchConsumed and self.failed is None
-                    and self._consume_quietly(ev.step, ev.rank)):
-                log((ev.stimulus_id, ev, ()))
-                continue
             if not isinstance(ev, PlannerEvent):
                 raise TypeError(f"PlannerState.handle takes PlannerEvent values, got {ev!r}")
             instr = self._handle_one(ev)
@@ -284,30 +282,27 @@ class PlannerState:
         self.provisioner.observe(ev.step, ev.rank, ev.metrics)
         return []
 
-    def _consume_quietly(self, step: int, rank: int) -> bool:
-        """Apply a consumption that completes nothing: a rank of a group that other ranks of the
-        group still have to consume. At thousands of ranks this is nearly every one; returns
-        False to take the general path (:meth:`_on_consumed`) instead."""
-        dp = self._rank_dp.get(rank)
-        st = self.steps.get(step)
-        if dp is None or st is None or not st.balanced:
-            return False
-        group = st.consumed.get(dp)
-        if group is None or rank in group or len(group) + 1 >= len(self.receivers[dp]):
-            return False
-        group.add(rank)
-        if self.record_lineage:
-            self.dgraph.record_consumed(step, dp, rank)
-        return True
-
     def _on_ranks_consumed(self, ev: RanksConsumed) -> list[Instruction]:
-        """One :class:`BatchConsumed` per rank, in order, without an event object each."""
-        out: list[Instruction] = []
-        quietly = self._consume_quietly
-        for rank in ev.ranks:
-            if not quietly(ev.step, rank):
-                out.extend(self._on_consumed(BatchConsumed(ev.step, rank, stimulus_id=ev.stimulus_id)))
+        """One :class:`BatchConsumed` per rank, in order, without an event object each: by DP
+        group, with set and array operations, when the step is balanced and every rank is in
+        the mesh (the common case at any scale); otherwise rank by rank."""
+        st = self.steps.get(ev.step)
+        ranks = np.fromiter(ev.ranks, np.int64, len(ev.ranks))
+        if st is None or not st.balanced or not ranks.size or ranks.min() < 0 \
+                or ranks.max() >= self.mesh.world_size:
+            return self._ranks_consumed_one_by_one(ev)
+        done, dps, fresh = consume_by_group(st.consumed, self.receivers, self._rank_dp_table, ranks)
+        if self.record_lineage:
+            self.dgraph.record_consumed_many(ev.step, dps, fresh)
+        out: list[Instruction] = [ReleaseBatch(ev.step, dp, stimulus_id=ev.stimulus_id) for dp in done]
+        st.groups_done += len(done)
+        if done and st.groups_done == self.mesh.dp and ev.step == self.consumed_step:
+            self._move_window(ev.stimulus_id, out)  # its oldest step is fully consumed
         return out
+
+    def _ranks_consumed_one_by_one(self, ev: RanksConsumed) -> list[Instruction]:
+        return [ins for rank in ev.ranks
+                for ins in self._on_consumed(BatchConsumed(ev.step, rank, stimulus_id=ev.stimulus_id))]
 
     def _on_consumed(self, ev: BatchConsumed) -> list[Instruction]:
         dp = self._rank_dp.get(ev.rank)

@@ -28,6 +28,7 @@ import socket
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
@@ -35,6 +36,7 @@ from mdata.errors import MeshError, RankTakenError, TrainerError, TrainerTimeout
 from mdata.trainer.checkpoints import JobData, checkpoint_of, loader_state
 from mdata.trainer.patience import Patience
 from mdata.trainer.scheduler_loss import detach_quietly
+from mdata.trainer.environment import default_device, rank_from_env
 from mdata.wire.messages import (
     AckRequest, AttachRequest, BatchLocation, BatchLocationRequest, DetachRequest, GetBatchRequest,
     JobInfo, JobInfoRequest, JobsRequest, NoHandlerError, RegisterJobRequest, ReportMetricsRequest,
@@ -89,26 +91,6 @@ class _BatchMoved(Exception):
     """No constructor served the batch where the Planner said it was: ask again."""
 
 
-def default_device():
-    """Where batches land: this process's GPU when CUDA is available (``cuda:LOCAL_RANK``, as
-    torchrun sets it), else ``None`` (plain CPU tensors)."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return None
-    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-
-
-def _rank_from_env() -> tuple[int, int]:
-    try:
-        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    except KeyError:
-        raise TrainerError(
-            "cannot tell this trainer's rank: set RANK and WORLD_SIZE (torchrun does) or pass "
-            "rank= and world_size= to mdata.trainer.Loader"
-        ) from None
-
-
 class Loader:
     """Iterate over the batches of one trainer rank; torch-friendly, checkpointable, bounded.
 
@@ -138,7 +120,7 @@ class Loader:
         import mdata.wire.frames  # noqa: F401
 
         if rank is None or world_size is None:
-            env_rank, env_world = _rank_from_env()
+            env_rank, env_world = rank_from_env()
             rank = env_rank if rank is None else rank
             world_size = env_world if world_size is None else world_size
         self.rank = int(rank)
@@ -173,6 +155,9 @@ class Loader:
         self.fetch_seconds = 0.0
         self._patience = Patience(self.client, job, self.rank, timeout=self.timeout,
                                   poll_interval=self.poll_interval)
+        # seconds of each location request that returned a location (includes its long-poll wait
+        # when the batch was not ready yet): what the control plane costs a rank, kept bounded
+        self.locate_seconds: deque[float] = deque(maxlen=4096)
 
     def attach(self) -> dict:
         """Register (or find) the job, check this rank against its mesh and lease the rank;
@@ -341,10 +326,12 @@ class Loader:
         wait = self._patience.begin()  # the timeout, stretched while storage is waited out
         while True:
             poll = self._patience.poll_s(wait, self.poll_interval)
+            asked = time.monotonic()
             reply = ask_sync(self.client, BatchLocationRequest(
                 job=self.job, rank=self.rank, step=step, timeout=poll, token=self._token,
                 generation=self._generation, delivered=delivered))
             if reply.status is Status.OK:
+                self.locate_seconds.append(time.monotonic() - asked)
                 return reply.location
             if reply.status is Status.FAILED:
                 # the error that failed the job, as its own class (a CorruptShardError...)

@@ -53,3 +53,20 @@ def test_quick_run_reports_end_to_end_figures(tmp_path: Path) -> None:
     for side in ("mdata", "baseline"):
         assert figures[f"e2e.seconds.work.{side}"] > 0
         assert figures[f"e2e.seconds.bubble.{side}"] >= -1e-9
+
+
+def test_quick_run_reports_control_plane_figures(tmp_path: Path) -> None:
+    """``--only control --quick``: the real scheduler served real Loaders at two world sizes in
+    each sweep, and the figures the scale docs quote are all there and physical."""
+    proc, figures = quick_benchmarks(tmp_path, "control", timeout=240)
+    assert figures["_not_measured"] == {}
+    for n in (8, 32):
+        assert figures[f"control.scheduler_cpu_ms_per_step_{n}"] > 0, n
+        assert figures[f"control.scheduler_cpu_ms_per_step_dp{n}"] > 0, n
+        assert figures[f"control.steps_per_s_{n}"] > 0, n
+    for name in ("control.locate_p50_ms", "control.locate_p99_ms", "control.ack_ms_on_loop",
+                 "control.ack_ms_on_loop_p99", "control.loop_blocked_ms_p99"):
+        assert figures[name] >= 0, name
+    assert figures["control.locate_p99_ms"] >= figures["control.locate_p50_ms"]
+    assert figures["control.max_ranks_at_1_step_per_s"] > 0
+    assert "| control.scheduler_cpu_us_per_rank_step |" in proc.stdout

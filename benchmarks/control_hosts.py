@@ -1,0 +1,73 @@
+"""One simulated trainer host of the control-plane benchmark: a process, one Dask client, R ranks.
+
+On a real cluster each host runs 8 trainer processes; here a host is one process whose ranks are
+threads sharing one client (so hundreds of ranks fit on a 2-core machine), each running the real
+:class:`mdata.trainer.Loader` protocol against the real scheduler: attach and lease the rank,
+long-poll where its batch is, pull its slice from the constructor, acknowledge consumption. There
+is no training compute: the ranks go as fast as the data path lets them, so what the scheduler
+spends per step is what the protocol costs it.
+
+Each rank records, per step, when it took the batch (wall clock, so the parent can line the steps
+up with the scheduler's CPU samples), how long the training loop waited in the Loader for it, and
+how long the consumption acknowledgement kept the loop (``Loader.mark_consumed``). The Loader's
+own ``locate_seconds`` give the location round trips.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+__all__ = ["run_host"]
+
+
+def _rank_loop(client, job: str, rank: int, world: int, steps: int, timeout: float,
+               out: dict[int, Any], errors: list[str]) -> None:
+    from mdata.trainer import Loader
+
+    taken: list[float] = []
+    waits: list[float] = []
+    acks: list[float] = []
+    try:
+        with Loader(client, job=job, rank=rank, world_size=world, steps=steps,
+                    timeout=timeout, device=None) as loader:
+            it = iter(loader)
+            for _ in range(steps):
+                began = time.perf_counter()
+                next(it)
+                waits.append(time.perf_counter() - began)
+                taken.append(time.time())
+                began = time.perf_counter()
+                loader.mark_consumed()  # the loop is done with the batch: what it costs the loop
+                acks.append(time.perf_counter() - began)
+            out[rank] = {"taken": taken, "wait_s": waits, "ack_s": acks,
+                         "locate_s": list(loader.locate_seconds)}
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which fails the run
+        errors.append(f"rank {rank}: {type(exc).__name__}: {exc}")
+
+
+def run_host(address: str, job: str, ranks: list[int], world: int, steps: int,
+             timeout: float, results) -> None:
+    """Process body: run ``ranks`` of ``job`` for ``steps`` steps over one shared client and put
+    ``{"ranks": {rank: record}, "errors": [...]}`` on the ``results`` queue."""
+    import logging
+
+    from distributed import Client
+
+    logging.getLogger("distributed").setLevel(logging.ERROR)
+    out: dict[int, Any] = {}
+    errors: list[str] = []
+    try:
+        with Client(address, set_as_default=False, direct_to_workers=True,
+                    timeout=timeout) as client:
+            threads = [threading.Thread(target=_rank_loop, daemon=True,
+                                        args=(client, job, r, world, steps, timeout, out, errors))
+                       for r in ranks]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+    except BaseException as exc:  # noqa: BLE001
+        errors.append(f"host of ranks {ranks[0]}..{ranks[-1]}: {type(exc).__name__}: {exc}")
+    results.put({"ranks": out, "errors": errors})

@@ -1,0 +1,298 @@
+"""What the control plane costs the scheduler per training step, as the number of ranks grows.
+
+The real scheduler with the Planner (``mdata cluster up`` in a process of its own, so its CPU can
+be read from /proc), real loader and constructor workers, and N trainer ranks running the real
+:class:`mdata.trainer.Loader` protocol as threads that share one Dask client per simulated host
+(:mod:`benchmarks.control_hosts`). No training compute: ranks go as fast as the data path allows.
+
+Two sweeps:
+
+* **fixed DP** (DP groups held at ``FIXED_DP``, TP grown): the work that scales with *ranks*;
+* **DP = N** (one rank per group): the work that scales with *groups*.
+
+Figures (``control.*``):
+
+* ``scheduler_cpu_ms_per_step_<n>`` (fixed DP) and ``scheduler_cpu_ms_per_step_dp<n>`` (DP = N):
+  the scheduler process' CPU (user + system, every thread: event loop, Planner, lineage writer)
+  over the steady steps, per step;
+* ``scheduler_cpu_us_per_rank_step``: the slope of the fixed-DP sweep, per rank and step;
+  ``scheduler_cpu_us_per_group_step``: what a DP group adds on top of its ranks;
+* ``max_ranks_at_1_step_per_s``: the world size whose scheduler CPU per step reaches one second,
+  extrapolated from the fitted fixed, per-rank and per-group costs at ``RANKS_PER_GROUP`` ranks per
+  DP group (TP 8, the common shape at scale);
+* ``locate_p50_ms`` / ``locate_p99_ms``: the location request that returned the batch's place
+  (its long-poll wait included), at the largest fixed-DP world;
+* ``ack_ms_on_loop``: median time the training loop spends in ``Loader.mark_consumed`` per step
+  (``ack_ms_on_loop_p99`` too), at the largest fixed-DP world;
+* ``loop_blocked_ms_p99``: the scheduler's event loop's longest blocked interval per step (a probe
+  coroutine on the loop measures how late its 5 ms sleeps wake), p99 over steps, at the largest
+  fixed-DP world;
+* ``steps_per_s_<n>``: steps per second the ranks reached (bounded here by 2 shared cores, not by
+  the protocol alone).
+
+Nothing is compared with a baseline: a per-rank loader has no control plane. The goal lives in the
+figure's row: the scheduler's CPU per step must grow with DP groups, not with ranks.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from benchmarks.harness import figure
+
+__all__ = ["run", "sweep_point"]
+
+REPO = Path(__file__).resolve().parent.parent
+FIXED_DP = 16
+RANKS_PER_GROUP = 8
+MAX_RANKS_PER_HOST = 64
+WARMUP = 3
+TIMEOUT = 300.0
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU of one process (all its threads, not its children), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class _CpuSampler(threading.Thread):
+    """Samples a process' CPU seconds against wall time every ``interval`` s."""
+
+    def __init__(self, pid: int, interval: float = 0.02) -> None:
+        super().__init__(daemon=True)
+        self.pid, self.interval = pid, interval
+        self.samples: list[tuple[float, float]] = []
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        while not self._done.is_set():
+            self.samples.append((time.time(), _cpu_seconds(self.pid)))
+            time.sleep(self.interval)
+
+    def stop(self) -> None:
+        self._done.set()
+        self.join()
+
+    def at(self, t: float) -> float:
+        """CPU seconds at wall time ``t``, interpolated between samples."""
+        before = [s for s in self.samples if s[0] <= t] or self.samples[:1]
+        after = [s for s in self.samples if s[0] >= t] or self.samples[-1:]
+        (t0, c0), (t1, c1) = before[-1], after[0]
+        return c0 if t1 == t0 else c0 + (c1 - c0) * (t - t0) / (t1 - t0)
+
+
+def _start_cluster(corpus: Path, constructors: int, log: Path) -> tuple[subprocess.Popen, str]:
+    """``mdata cluster up`` for the corpus in its own process (the scheduler and Planner live in
+    it; workers are its children), with the autoscaler off so no driver work shares the process.
+    Its stderr goes to ``log``, quoted when the cluster fails."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "DASK_MDATA__CLUSTER__AUTOSCALE": "false",
+           "DASK_LOGGING__DISTRIBUTED": "error", "DASK_DISTRIBUTED__ADMIN__TICK__LIMIT": "1h"}
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).with_name("mdata")), "cluster", "up", "--data", str(corpus),
+         "--port", "0", "--dashboard-address", "127.0.0.1:0", "--constructors", str(constructors)],
+        stdout=subprocess.PIPE, stderr=log.open("w"), text=True, env=env, start_new_session=True,
+    )
+    address = None
+    for line in proc.stdout:
+        if line.startswith("scheduler: "):
+            address = line.split(": ", 1)[1].strip()
+        if line.startswith("press Ctrl-C"):
+            break
+    if address is None:
+        proc.kill()
+        raise RuntimeError(f"mdata cluster up exited with {proc.wait()} before printing its address: "
+                           + log.read_text()[-2000:])
+    return proc, address
+
+
+def _install_loop_probe(dask_scheduler=None) -> None:
+    """Runs on the scheduler: a coroutine that sleeps 5 ms at a time and records how late it woke,
+    i.e. how long the event loop was held by something else."""
+    import asyncio
+
+    lags: list[tuple[float, float]] = []
+    dask_scheduler._mdata_bench_loop_lags = lags
+
+    async def probe() -> None:
+        while len(lags) < 500_000:
+            began = time.monotonic()
+            await asyncio.sleep(0.005)
+            lags.append((time.time(), time.monotonic() - began - 0.005))
+
+    dask_scheduler._mdata_bench_loop_probe = asyncio.get_running_loop().create_task(probe())
+
+
+def _read_loop_lags(dask_scheduler=None) -> list:
+    return list(getattr(dask_scheduler, "_mdata_bench_loop_lags", []))
+
+
+def _plan(sources, dp: int, tp: int):
+    from mdata.cost import AttentionCost
+    from mdata.mesh import ClientPlaceTree
+    from mdata.plan import Plan
+
+    text = [s for s in sources if s.name in ("chat", "code")]
+    return (Plan(text).mix({s.name: 1.0 for s in text})
+            .cost(AttentionCost(a=1.0, b=2048.0))
+            .balance(micro_batches=1, max_tokens=4096, global_batch=2 * dp)
+            .distribute(ClientPlaceTree(dp=dp, tp=tp)).seed(3))
+
+
+def _percentile(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, max(0, math.ceil(q * len(values)) - 1))] if values else float("nan")
+
+
+def _next_result(results, hosts, cluster_pid: int, deadline: float) -> dict:
+    """The next host's records; fails at once when the cluster or a host died without any."""
+    import queue
+
+    while True:
+        try:
+            return results.get(timeout=2.0)
+        except queue.Empty:
+            if not Path(f"/proc/{cluster_pid}").exists():
+                raise RuntimeError("the cluster process died during the run") from None
+            dead = [h.exitcode for h in hosts if h.exitcode not in (None, 0)]
+            if dead:
+                raise RuntimeError(f"a trainer host process died (exit codes {dead})") from None
+            if time.monotonic() > deadline:
+                raise RuntimeError("the trainer hosts did not finish in time") from None
+
+
+def sweep_point(address: str, pid: int, sources, *, n: int, dp: int, steps: int, job: str) -> dict:
+    """Run ``n`` ranks (DP ``dp``, TP ``n // dp``) for ``steps`` steps; what the scheduler spent."""
+    from distributed import Client
+
+    from benchmarks.control_hosts import run_host
+    from mdata.driver import JobHandle, submit_job
+
+    with Client(address, set_as_default=False) as client:
+        submit_job(client, _plan(sources, dp, n // dp), job=job)
+        client.run_on_scheduler(_install_loop_probe)
+        hosts = max(1, math.ceil(n / MAX_RANKS_PER_HOST))
+        per_host = math.ceil(n / hosts)
+        ctx = mp.get_context("spawn")
+        results = ctx.Queue()
+        procs = [ctx.Process(target=run_host, daemon=True,
+                             args=(address, job, list(range(h * per_host, min(n, (h + 1) * per_host))),
+                                   n, steps, TIMEOUT, results))
+                 for h in range(hosts)]
+        sampler = _CpuSampler(pid)
+        sampler.start()
+        for p in procs:
+            p.start()
+        records: dict[int, dict] = {}
+        errors: list[str] = []
+        deadline = time.monotonic() + TIMEOUT + 120
+        for _ in procs:
+            got = _next_result(results, procs, pid, deadline)
+            records.update(got["ranks"])
+            errors += got["errors"]
+        for p in procs:
+            p.join(timeout=30)
+        sampler.stop()
+        lags = client.run_on_scheduler(_read_loop_lags)
+        client.run_on_scheduler(lambda dask_scheduler=None: dask_scheduler._mdata_bench_loop_probe.cancel())
+        JobHandle(client, job).close()
+    if errors or len(records) != n:
+        raise RuntimeError(f"control plane at {n} ranks: {len(records)} of {n} ranks finished; "
+                           + "; ".join(errors[:3]))
+    # the steady window: from the last rank taking its first steady step to the first rank taking
+    # its last step; steps counted as the median number of steps the ranks took inside it
+    start = max(r["taken"][WARMUP] for r in records.values())
+    end = min(r["taken"][-1] for r in records.values())
+    inside = [sum(start < t <= end for t in r["taken"]) for r in records.values()]
+    window_steps = statistics.median(inside)
+    if window_steps < 1:  # ranks too far apart to overlap: count every step after the warm-up
+        start = min(r["taken"][WARMUP - 1] for r in records.values())
+        end = max(r["taken"][-1] for r in records.values())
+        window_steps = steps - WARMUP
+    cpu_ms = (sampler.at(end) - sampler.at(start)) * 1000.0 / window_steps
+    # the loop's longest block per step: bins of the steady window's steps
+    width = (end - start) / window_steps
+    per_step = [max((lag for t, lag in lags if start + i * width <= t < start + (i + 1) * width),
+                    default=0.0) for i in range(int(window_steps))]
+    locate = [s for r in records.values() for s in r["locate_s"][WARMUP:]]
+    acks = [s for r in records.values() for s in r["ack_s"][WARMUP:]]
+    return {"n": n, "dp": dp, "cpu_ms_per_step": cpu_ms, "steps_per_s": window_steps / (end - start),
+            "locate_p50_ms": 1000 * _percentile(locate, 0.5), "locate_p99_ms": 1000 * _percentile(locate, 0.99),
+            "ack_ms": 1000 * statistics.median(acks), "ack_p99_ms": 1000 * _percentile(acks, 0.99),
+            "loop_blocked_p99_ms": 1000 * _percentile(per_step, 0.99)}
+
+
+def _slope(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """Least-squares intercept and slope of ``(x, y)`` points."""
+    xs, ys = zip(*points)
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in points) / sxx if sxx else 0.0
+    return my - slope * mx, slope
+
+
+def run(quick: bool) -> dict:
+    from benchmarks.workload import corpus_dir
+    from mdata.data.example import example_sources
+
+    corpus = corpus_dir()
+    sources = example_sources(corpus)
+    if quick:
+        fixed, per_group, dp, steps = (8, 32), (8, 32), 8, 8
+    else:
+        fixed, per_group, dp, steps = (16, 64, 256, 1024), (16, 64, 256), FIXED_DP, 12
+    log = Path(tempfile.mkdtemp(prefix="mdata-control-")) / "cluster.log"
+    proc, address = _start_cluster(corpus, constructors=1 if quick else 2, log=log)
+    try:
+        points = [sweep_point(address, proc.pid, sources, n=n, dp=dp, steps=steps, job=f"control-{n}")
+                  for n in fixed]
+        group_points = [sweep_point(address, proc.pid, sources, n=n, dp=n, steps=steps,
+                                    job=f"control-dp{n}") for n in per_group]
+    except Exception as exc:
+        raise RuntimeError(f"{exc}; the cluster's log ends: {log.read_text()[-1500:]}") from exc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    base, per_rank = _slope([(p["n"], p["cpu_ms_per_step"]) for p in points])
+    _, per_rank_and_group = _slope([(p["n"], p["cpu_ms_per_step"]) for p in group_points])
+    per_group_ms = max(0.0, per_rank_and_group - per_rank)
+    fixed_ms = max(0.0, base - dp * per_group_ms)  # the fixed-DP intercept holds its dp groups
+    per_rank_at_scale = max(0.0, per_rank) + per_group_ms / RANKS_PER_GROUP
+    max_ranks = (1000.0 - fixed_ms) / per_rank_at_scale if per_rank_at_scale > 0 else float("inf")
+    top = points[-1]
+    figures = {
+        "control.scheduler_cpu_us_per_rank_step": figure(
+            1000 * per_rank, unit="us", goal="flat in N at fixed DP (grows with groups, not ranks)",
+            note=f"slope over N={list(fixed)} at DP {dp}"),
+        "control.scheduler_cpu_us_per_group_step": figure(
+            1000 * per_group_ms, unit="us", note=f"DP = N sweep over {list(per_group)}, less the per-rank slope"),
+        "control.max_ranks_at_1_step_per_s": figure(
+            max_ranks, goal=">= 16384 on one scheduler core",
+            note=f"extrapolated at {RANKS_PER_GROUP} ranks per DP group"),
+        "control.locate_p50_ms": figure(top["locate_p50_ms"], unit="ms", note=f"N={top['n']}, long-poll wait included"),
+        "control.locate_p99_ms": figure(top["locate_p99_ms"], unit="ms", note=f"N={top['n']}"),
+        "control.ack_ms_on_loop": figure(top["ack_ms"], unit="ms", goal="~0 (no round trip on the loop)",
+                                         note=f"median, N={top['n']}"),
+        "control.ack_ms_on_loop_p99": figure(top["ack_p99_ms"], unit="ms", note=f"N={top['n']}"),
+        "control.loop_blocked_ms_p99": figure(top["loop_blocked_p99_ms"], unit="ms", note=f"N={top['n']}"),
+    }
+    for p in points:
+        figures[f"control.scheduler_cpu_ms_per_step_{p['n']}"] = figure(p["cpu_ms_per_step"], unit="ms",
+                                                                       note=f"DP {dp}")
+        figures[f"control.steps_per_s_{p['n']}"] = p["steps_per_s"]
+    for p in group_points:
+        figures[f"control.scheduler_cpu_ms_per_step_dp{p['n']}"] = figure(p["cpu_ms_per_step"], unit="ms",
+                                                                         note="DP = N")
+    return figures
