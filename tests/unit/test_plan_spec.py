@@ -350,7 +350,7 @@ def test_the_documented_plan_files_are_the_documented_python_plans(monkeypatch):
     python = (Plan([Source("code", "/data/code/*.parquet", transform=TokenizeText(field="text"), chunk_rows=32),
                     Source("qa", "s3://my-bucket/qa/*.jsonl", format="jsonl", transform=QATemplate(),
                            storage_options={"client_kwargs": {"endpoint_url": "https://s3.example.com"}},
-                           chunk_rows=128, skip_tolerance=0.01)])
+                           chunk_rows=128, skip_tolerance=0.01, on_corrupt="skip")])
               .mix({"code": 1.0, "qa": 3.0}).cost(AttentionCost(a=1.0, b=49152.0))
               .balance(micro_batches=1, max_tokens=4096, global_batch=16)
               .distribute(ClientPlaceTree(dp=2)).seed(0))
