@@ -36,12 +36,13 @@ from scheduler_plugins import lineage_store
 from scheduler_plugins.dashboard.pages import register_pages
 from scheduler_plugins.dashboard.routes import register_routes
 from scheduler_plugins.job_runtime import JobRuntime, pool_resource
+from scheduler_plugins.registration import JobLocks, list_sources, wait_for_pools
 from scheduler_plugins.request_checks import (
     check_count, check_job_name, check_rank, check_step, check_timeout,
 )
 from scheduler_plugins.standbys import StandbyKeeper
 from scheduler_plugins.storage_poll import StoragePoller
-from workers.loader import as_key, list_shards_task
+from workers.loader import as_key
 from workers.plugin import PLUGIN_NAME, MdataWorkerPlugin, install_closed_comm_filter
 
 logger = logging.getLogger("mdata.planner")
@@ -83,7 +84,7 @@ class PlannerPlugin(SchedulerPlugin):
         self.standbys = StandbyKeeper(scheduler, self.client)
         for address in list(scheduler.workers):  # workers that registered before the Planner
             self.standbys.worker_added(address)
-        self._register_lock = asyncio.Lock()  # Loaders of every rank may register at once
+        self._register_locks = JobLocks()  # Loaders of every rank may register at once
         served = {
             msg.RegisterJobRequest: self.register_job,
             msg.BatchLocationRequest: self.batch_location,
@@ -179,7 +180,7 @@ class PlannerPlugin(SchedulerPlugin):
         """Register ``job`` with a plan spec; idempotent for the same plan. A checkpoint for a
         job that runs already rewinds it to the checkpoint's step (never silently ignored)."""
         check_job_name(req.handler.value, req.job)
-        async with self._register_lock:
+        async with self._register_locks.of(req.job):  # one job's listing never blocks another
             return await self._register(req)
 
     async def _register(self, req: msg.RegisterJobRequest) -> msg.JobInfo:
@@ -199,10 +200,13 @@ class PlannerPlugin(SchedulerPlugin):
             if checkpoint is not None:
                 await existing.rewind_for_driver(dict(checkpoint), options)
             return self._job_info(existing)
-        client = await self.client()
-        listings, with_images = await self._list_shards(client, plan_obj)
-        plan_obj.check_image_token(with_images)
         from mdata import config
+
+        await wait_for_pools(self.scheduler, plan_obj, pool_resource, config.seconds("planner.pool-wait"))
+        client = await self.client()
+        listings, with_images = await list_sources(client, self.scheduler, plan_obj, pool_resource,
+                                                   config.seconds("planner.listing-timeout"))
+        plan_obj.check_image_token(with_images)
 
         lineage_steps = config.get("planner.lineage-steps")
         if checkpoint is not None:
@@ -221,21 +225,6 @@ class PlannerPlugin(SchedulerPlugin):
         await runtime.tick()
         logger.info("mdata job %s registered: %s", job, plan_obj)
         return self._job_info(runtime)
-
-    async def _list_shards(self, client, plan) -> tuple[dict[str, list[list]], list[str]]:
-        """``[[shard name, rows], ...]`` of every source, listed on a loader of its pool, which
-        also builds the Source there (importing its transform: the registration's import
-        check); and the sources whose transform yields images."""
-        futures = {
-            src.name: client.submit(
-                list_shards_task, src, resources={pool_resource(src.name): 1}, pure=False
-            )
-            for src in plan.sources
-        }
-        names = list(futures)
-        results = await client.gather([futures[n] for n in names])
-        listings = {n: [list(s) for s in r["shards"]] for n, r in zip(names, results)}
-        return listings, [n for n, r in zip(names, results) if r["produces_images"]]
 
     def _job_info(self, runtime: JobRuntime) -> msg.JobInfo:
         mesh = runtime.plan.mesh
@@ -365,6 +354,7 @@ class PlannerPlugin(SchedulerPlugin):
 
     async def close_job(self, req: msg.CloseJobRequest) -> msg.OkReply:
         runtime = self.jobs.pop(req.job, None)
+        self._register_locks.forget(req.job)
         if runtime is not None:
             await runtime.close()
         return msg.OkReply()
