@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from mdata.driver.autoscale import PoolAutoscaler  # noqa: F401 - it lived here; still importable
-from mdata.errors import PlanError
+from mdata.errors import PlanError, RequestTimeoutError
 
 if TYPE_CHECKING:
     from mdata.pool_layout import LayoutPool, PoolLayout
@@ -171,18 +171,22 @@ class MdataCluster:
         self.cluster.close()
 
     def _close_jobs(self) -> None:
-        from mdata.wire.messages import CloseJobRequest, JobsRequest, ask
+        from mdata.wire.messages import CloseJobRequest, JobsRequest, ask, reply_timeout, within
 
         async def close_all() -> None:
             comm = self.cluster.scheduler_comm
-            for job in (await ask(comm, JobsRequest())).jobs:
-                await ask(comm, CloseJobRequest(job))
+
+            async def asked(request):  # a stuck scheduler must not stall closing the cluster
+                return await within(ask(comm, request), request, comm.address, reply_timeout(request))
+
+            for job in (await asked(JobsRequest())).jobs:
+                await asked(CloseJobRequest(job))
 
         if getattr(self.cluster, "status", None) is None or self.cluster.status.name != "running":
             return  # never started or closing already: nothing to ask
         try:
             self.cluster.sync(close_all)
-        except OSError:  # the scheduler is gone already: so are its jobs
+        except (OSError, RequestTimeoutError):  # the scheduler is gone (or stuck): so are its jobs
             pass
 
     def __enter__(self) -> "MdataCluster":

@@ -215,7 +215,7 @@ def test_a_stopped_constructor_holding_the_batch_leaves_no_trainer_thread_hangin
         assert not thread.is_alive(), "the trainer hangs on a frozen constructor"
         err = outcome.get("error")
         assert isinstance(err, TrainerTimeoutError), repr(outcome)
-        assert outcome["seconds"] < 10 + 10
+        assert outcome["seconds"] < 10 + 30  # its timeout, after attaching on a loaded machine
         prefetchers = [t for t in threading.enumerate() if t.name == "mdata-prefetch-0" and t not in before]
         for t in prefetchers:
             t.join(20)  # its fetch times out after 3s, its own deadline after 10s
