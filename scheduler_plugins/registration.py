@@ -13,6 +13,7 @@ naming the sources still listing and their workers), and registrations lock per 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any
 
@@ -100,7 +101,8 @@ async def list_sources(client, scheduler, plan, pool_resource,
             "worker: check the loader's log; raise mdata.planner.listing-timeout for huge sources",
         ) from None
     finally:
-        await client.cancel(list(futures.values()))  # a stuck listing must not hold its task
+        with contextlib.suppress(Exception):  # never masks the listing's own error
+            await client.cancel(list(futures.values()))  # a stuck listing must not hold its task
     listings = {n: [list(s) for s in r["shards"]] for n, r in zip(names, results)}
     return listings, [n for n, r in zip(names, results) if r["produces_images"]]
 
