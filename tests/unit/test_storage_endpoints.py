@@ -76,6 +76,7 @@ def test_an_endpoint_that_answered_before_is_waited_out_past_the_first_contact_d
         assert [s.num_rows for s in list_shards(source, retry=policy).shards] == [8]  # answered
 
         server.stop()
+        s3fs.S3FileSystem.clear_instance_cache()  # no cached directory listing: the glob asks the server
         restart = threading.Timer(1.5, server.start)  # the outage lasts 5x the first-contact deadline
         began = time.monotonic()
         restart.start()
@@ -90,13 +91,13 @@ def test_an_endpoint_that_answered_before_is_waited_out_past_the_first_contact_d
 
 
 def test_an_outage_on_a_known_endpoint_still_ends_in_storage_unavailable(aws_env):
+    import s3fs
+
     server = S3Server()
     server.start()
     try:
         bucket = f"gone-{uuid.uuid4().hex[:8]}"
         store = Store("s3", f"s3://{bucket}/web", outage_options(server.port))
-        import s3fs
-
         s3fs.S3FileSystem(**outage_options(server.port), skip_instance_cache=True).mkdir(bucket)
         write_parquet(store, "a.parquet", {"text": stdlib_texts(4)}, row_group_size=4)
         source = Source("web", f"s3://{bucket}/web/*.parquet", storage_options=outage_options(server.port))
@@ -104,6 +105,7 @@ def test_an_outage_on_a_known_endpoint_still_ends_in_storage_unavailable(aws_env
         list_shards(source, retry=policy)
     finally:
         server.stop()
+        s3fs.S3FileSystem.clear_instance_cache()  # no cached directory listing: the glob asks the server
     with pytest.raises(StorageUnavailableError) as info:
         list_shards(source, retry=policy)
     assert not isinstance(info.value, StorageEndpointError)
