@@ -59,6 +59,10 @@ def cluster(example_sources_small):
             mp.setenv(name, value)  # inherited by the worker processes
         pools = [PoolSpec("remote", ("chat",), threads=4), PoolSpec("disk", ("code",))]
         # bounds how long a hung listing keeps a loader thread busy after the Planner gave up on it
+        # mdata's defaults must be in Dask's config before the set below, or leaving it would
+        # remove the whole `mdata` section it inserted (and every later test's defaults with it)
+        import mdata.config  # noqa: F401
+
         served = [s for s in example_sources_small if s.name in ("chat", "code")]
         with dask.config.set({"mdata.storage.retry-deadline": "60s"}), start_cluster(
                 served, pools=pools, constructors=1, constructor_threads=1,
