@@ -8,7 +8,6 @@ import dask
 import pytest
 
 import mdata.config  # noqa: F401  (defaults loaded before any dask.config.set below)
-
 from mdata.errors import RequestTimeoutError, TrainerTimeoutError
 from mdata.wire.messages import BatchLocationRequest, JobsRequest, RegisterJobRequest, reply_timeout, within
 
