@@ -14,6 +14,7 @@ __all__ = [
     "UnknownFormatError",
     "CorruptShardError",
     "StorageUnavailableError",
+    "StorageEndpointError",
     "SchemaError",
     "SampleError",
     "ImageDecodeError",
@@ -26,10 +27,12 @@ __all__ = [
     "TransformConfigError",
     "PlanError",
     "MeshError",
+    "NoPoolError",
     "CheckpointError",
     "TrainerError",
     "TrainerTimeoutError",
     "SchedulerLostError",
+    "RequestTimeoutError",
     "StaleGenerationError",
     "RankTakenError",
     "ResumeMismatchError",
@@ -115,6 +118,28 @@ class StorageUnavailableError(SourceError):
     """
 
 
+class StorageEndpointError(SourceError):
+    """A source's storage endpoint has never answered (nothing listens, no such host): a wrong
+    ``endpoint_url`` or a server that is not running, so a configuration error, reported at
+    registration within ``mdata.storage.first-contact-deadline`` instead of being waited out as an
+    outage. ``endpoint`` names the endpoint mdata tried. An endpoint that answered once and then
+    went away is an outage (:class:`StorageUnavailableError`, after the retry deadline).
+    """
+
+    def __init__(self, message: str, *, source: str, endpoint: str | None = None,
+                 shard: str | int | None = None, row: int | None = None, hint: str | None = None) -> None:
+        self.endpoint = endpoint
+        super().__init__(message, source=source, shard=shard, row=row, hint=hint)
+
+    def __reduce__(self):
+        return (_rebuild_endpoint_error,
+                (type(self), self.message, self.source, self.endpoint, self.shard, self.hint))
+
+
+def _rebuild_endpoint_error(cls, message, source, endpoint, shard, hint):
+    return cls(message, source=source, endpoint=endpoint, shard=shard, hint=hint)
+
+
 class SchemaError(SourceError):
     """A declared field is missing from a shard or has the wrong type."""
 
@@ -176,6 +201,17 @@ class MeshError(PlanError):
     """A device mesh or a rank coordinate is invalid for the world size."""
 
 
+class NoPoolError(PlanError):
+    """A plan's source has no loader worker: no worker holds its pool resource (``pool_<source>``,
+    which a group's workers hold for each source of the group), so its listing and loads would
+    wait forever. ``source`` and ``resource`` name what is missing."""
+
+    def __init__(self, message: str, *, source: str | None = None, resource: str | None = None) -> None:
+        self.source = source
+        self.resource = resource
+        super().__init__(message)
+
+
 class CheckpointError(MdataError):
     """A checkpoint cannot be restored (other plan, other format version, corrupt)."""
 
@@ -192,6 +228,12 @@ class SchedulerLostError(TrainerError):
     """The connection to the mdata scheduler (and the Planner in it) broke while the trainer ran;
     the message names the scheduler's address. The job's state went with it: once a cluster is
     back, restart every rank from its last checkpoint."""
+
+
+class RequestTimeoutError(TrainerTimeoutError):
+    """A request to the scheduler or a worker got no answer within its timeout
+    (``mdata.requests.timeout``, longer for a long poll or a registration): the process is gone,
+    unreachable or stuck. Names the request and the address asked."""
 
 
 class StaleGenerationError(TrainerError):

@@ -40,12 +40,13 @@ from scheduler_plugins.job_runtime import JobRuntime, pool_resource
 from scheduler_plugins.rank_checks import (
     check_lease, check_metrics, check_received, check_stall, lease_is_current,
 )
+from scheduler_plugins.registration import JobLocks, list_sources, wait_for_pools
 from scheduler_plugins.request_checks import (
     check_count, check_job_name, check_rank, check_step, check_timeout,
 )
 from scheduler_plugins.standbys import StandbyKeeper
 from scheduler_plugins.storage_poll import StoragePoller
-from workers.loader import as_key, list_shards_task
+from workers.loader import as_key
 from workers.plugin import PLUGIN_NAME, MdataWorkerPlugin, install_closed_comm_filter
 
 logger = logging.getLogger("mdata.planner")
@@ -88,7 +89,7 @@ class PlannerPlugin(SchedulerPlugin):
         self.standbys = StandbyKeeper(scheduler, self.client)
         for address in list(scheduler.workers):  # workers that registered before the Planner
             self.standbys.worker_added(address)
-        self._register_lock = asyncio.Lock()  # Loaders of every rank may register at once
+        self._register_locks = JobLocks()  # Loaders of every rank may register at once
         served = {
             msg.RegisterJobRequest: self.register_job,
             msg.BatchLocationRequest: self.batch_location,
@@ -190,7 +191,7 @@ class PlannerPlugin(SchedulerPlugin):
         """Register ``job`` with a plan spec; idempotent for the same plan. A checkpoint for a
         job that runs already rewinds it to the checkpoint's step (never silently ignored)."""
         check_job_name(req.handler.value, req.job)
-        async with self._register_lock:
+        async with self._register_locks.of(req.job):  # one job's listing never blocks another
             info = await self._register(req)
             self.callers.registered(req.job, req.client)  # a driver of the job from now on
             return info
@@ -212,10 +213,13 @@ class PlannerPlugin(SchedulerPlugin):
             if checkpoint is not None and not req.by_loader:  # a Loader's attach decides
                 await existing.rewind_for_driver(dict(checkpoint), options)
             return self._job_info(existing)
-        client = await self.client()
-        listings, with_images, quarantined = await self._list_shards(client, plan_obj)
-        plan_obj.check_image_token(with_images)
         from mdata import config
+
+        await wait_for_pools(self.scheduler, plan_obj, pool_resource, config.seconds("planner.pool-wait"))
+        client = await self.client()
+        listings, with_images, quarantined = await list_sources(
+            client, self.scheduler, plan_obj, pool_resource, config.seconds("planner.listing-timeout"))
+        plan_obj.check_image_token(with_images)
 
         lineage_steps = config.get("planner.lineage-steps")
         if checkpoint is not None:
@@ -235,23 +239,6 @@ class PlannerPlugin(SchedulerPlugin):
         await runtime.tick()
         logger.info("mdata job %s registered: %s", job, plan_obj)
         return self._job_info(runtime)
-
-    async def _list_shards(self, client, plan) -> tuple[dict[str, list[list]], list[str], dict]:
-        """``[[shard name, rows], ...]`` of every source, listed on a loader of its pool, which
-        also builds the Source there (importing its transform: the registration's import
-        check); the sources whose transform yields images; and per source, the shards listed
-        with no rows because their footer is corrupt (``on_corrupt="skip"``)."""
-        futures = {
-            src.name: client.submit(
-                list_shards_task, src, resources={pool_resource(src.name): 1}, pure=False
-            )
-            for src in plan.sources
-        }
-        names = list(futures)
-        results = await client.gather([futures[n] for n in names])
-        listings = {n: [list(s) for s in r["shards"]] for n, r in zip(names, results)}
-        return (listings, [n for n, r in zip(names, results) if r["produces_images"]],
-                {n: r["quarantined"] for n, r in zip(names, results) if r.get("quarantined")})
 
     def _job_info(self, runtime: JobRuntime) -> msg.JobInfo:
         mesh = runtime.plan.mesh
@@ -399,6 +386,7 @@ class PlannerPlugin(SchedulerPlugin):
                                [h.client for h in runtime.roster.holders().values()])
             if self.jobs.pop(req.job, None) is runtime:
                 self.callers.forget(req.job)
+                self._register_locks.forget(req.job)
                 await runtime.close()
         return msg.OkReply()
 

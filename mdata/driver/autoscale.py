@@ -25,6 +25,7 @@ from typing import Any, Protocol, runtime_checkable
 from mdata.pool_scaling import merge_jobs, pool_targets
 from mdata.wire.messages import (
     JobsRequest, PoolDecision, ScalerReportRequest, ScalerStatus, StatusRequest, ask, ask_sync,
+    reply_timeout, within,
 )
 
 __all__ = ["WorkerGroups", "EmbeddedGroups", "PoolAutoscaler"]
@@ -191,4 +192,5 @@ def _asker(target, client) -> Callable[[Any], Any]:
     spec = getattr(target, "cluster", None)
     if spec is None or not hasattr(spec, "scheduler_comm"):
         raise TypeError("PoolAutoscaler needs a client unless it scales an embedded MdataCluster")
-    return lambda request: spec.sync(ask, spec.scheduler_comm, request)
+    return lambda request: spec.sync(lambda: within(ask(spec.scheduler_comm, request), request,
+                                                    spec.scheduler_comm.address, reply_timeout(request)))

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from mdata.driver.autoscale import PoolAutoscaler  # noqa: F401 - it lived here; still importable
-from mdata.errors import PlanError
+from mdata.errors import PlanError, RequestTimeoutError
 
 if TYPE_CHECKING:
     from mdata.pool_layout import LayoutPool, PoolLayout

@@ -26,7 +26,7 @@ from typing import Any, Iterator
 
 from mdata.errors import MdataError, SourceError, SourceNotFoundError
 
-__all__ = ["Fault", "classify", "is_transient", "storage_failure"]
+__all__ = ["Fault", "classify", "is_transient", "is_unreached", "storage_failure"]
 
 
 class Fault(str, Enum):
@@ -195,6 +195,33 @@ def classify(exc: BaseException) -> Fault:
 def is_transient(exc: BaseException) -> bool:
     """Whether ``exc`` is an outage worth waiting out (see :attr:`Fault.TRANSIENT`)."""
     return classify(exc) is Fault.TRANSIENT
+
+
+#: errno values that mean no connection was ever made (nothing listens, no route to the host).
+UNREACHED_ERRNOS = frozenset(
+    getattr(errno, name) for name in ("ECONNREFUSED", "EHOSTUNREACH", "ENETUNREACH", "EHOSTDOWN", "ENETDOWN")
+    if hasattr(errno, name)
+)
+
+
+def _unreached_one(exc: BaseException) -> bool:
+    boto = sys.modules.get("botocore.exceptions")
+    # EndpointConnectionError, ConnectTimeoutError, ProxyConnectionError: no connection was made
+    if boto is not None and isinstance(exc, boto.ConnectionError):
+        return True
+    aio = sys.modules.get("aiohttp")
+    if aio is not None and isinstance(exc, aio.ClientConnectorError) and not isinstance(exc, aio.ClientSSLError):
+        return True
+    if isinstance(exc, (ConnectionRefusedError, socket.gaierror)):
+        return True
+    return isinstance(exc, OSError) and exc.errno in UNREACHED_ERRNOS
+
+
+def is_unreached(exc: BaseException) -> bool:
+    """Whether ``exc`` says the storage endpoint was never reached: refused, not resolved, no
+    route, connect timed out. Such a failure cannot tell a wrong endpoint from one that is down;
+    dropped connections, read timeouts and 5xx answers all prove that something answered."""
+    return any(_unreached_one(link) for link in _chain(exc))
 
 
 def storage_failure(exc: BaseException, *, source: str, shard: str | None, action: str) -> SourceError:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 import fsspec
 
 from mdata.errors import CorruptShardError, MdataError, SourceError, SourceNotFoundError
+from mdata.sources.endpoints import endpoint_of, has_answered, mark_answered, never_answered_error
 from mdata.sources.faults import storage_failure
 from mdata.sources.readers import reader_class
 from mdata.sources.retry import RetryPolicy, retry_storage
@@ -61,7 +62,9 @@ def resolve_shard_paths(
     """The filesystem and the sorted (protocol-less) paths of the source's shards.
 
     Raises :class:`SourceNotFoundError` when nothing matches, :class:`StorageUnavailableError` when
-    the store stays unreachable past ``retry``'s deadline (``mdata.storage.*`` by default).
+    the store stays unreachable past ``retry``'s deadline (``mdata.storage.*`` by default), and
+    :class:`StorageEndpointError` when an endpoint that never answered in this process refuses
+    every connection for ``retry.first_contact`` (:mod:`mdata.sources.endpoints`).
     """
     retry = retry if retry is not None else RetryPolicy.from_config()
     hint = (
@@ -86,8 +89,15 @@ def resolve_shard_paths(
             return []
 
     action = f"listing {source.url!r}"
+    endpoint = endpoint_of(source.url, source.storage_options)
+    first = None  # a first contact: an endpoint that never answers is a configuration error
+    if not has_answered(endpoint):
+        def first(exc: BaseException, waited: float, attempts: int) -> Exception:
+            return never_answered_error(source, endpoint, exc, waited, attempts)
     try:
-        paths = retry_storage(expand, source=source.name, shard=None, action=action, policy=retry)
+        paths = retry_storage(expand, source=source.name, shard=None, action=action, policy=retry,
+                              never_answered=first)
+        mark_answered(endpoint)
     except MdataError:
         raise
     except Exception as exc:  # denied, or a permanent answer of the store: never raw botocore

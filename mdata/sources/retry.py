@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Callable, TypeVar
 
 from mdata.errors import StorageUnavailableError
-from mdata.sources.faults import is_transient
+from mdata.sources.faults import is_transient, is_unreached
 from mdata.sources.waits import wait_began, wait_ended, wait_failed_again
 
 __all__ = ["RetryPolicy", "retry_storage"]
@@ -39,6 +39,9 @@ class RetryPolicy:
             :class:`StorageUnavailableError`; 0 gives up at the first transient failure.
         initial: the first pause, in seconds; each next one doubles, up to ``max_interval``.
         max_interval: the longest pause between two attempts.
+        first_contact: how long a call given ``never_answered`` is retried while every attempt
+            failed to reach the endpoint (a wrong endpoint, not an outage: see
+            :mod:`mdata.sources.endpoints`); a ``deadline`` shorter than this ends the wait first.
 
     Each pause is drawn uniformly from ``[d/2, d]`` where ``d`` is the doubled, capped pause.
     """
@@ -46,9 +49,10 @@ class RetryPolicy:
     deadline: float = 300.0
     initial: float = 0.5
     max_interval: float = 30.0
+    first_contact: float = 15.0
 
     def __post_init__(self) -> None:
-        for name in ("deadline", "initial", "max_interval"):
+        for name in ("deadline", "initial", "max_interval", "first_contact"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise ValueError(f"RetryPolicy.{name} must be a non-negative number of seconds, got {value!r}")
@@ -67,6 +71,7 @@ class RetryPolicy:
             deadline=config.seconds("storage.retry-deadline"),
             initial=config.seconds("storage.retry-initial"),
             max_interval=config.seconds("storage.retry-max-interval"),
+            first_contact=config.seconds("storage.first-contact-deadline"),
         )
 
     def pause(self, failures: int, rng: random.Random | None = None) -> float:
@@ -88,6 +93,7 @@ def retry_storage(
     action: str,
     policy: RetryPolicy,
     on_failure: Callable[[BaseException], None] | None = None,
+    never_answered: Callable[[BaseException, float, int], BaseException] | None = None,
 ) -> T:
     """``call()``, retried while it fails with a transient storage error, until ``policy.deadline``.
 
@@ -99,6 +105,9 @@ def retry_storage(
         policy: backoff and deadline.
         on_failure: called with each transient failure (e.g. to drop a cached reader whose
             connection broke, so that the next attempt, or the next load, opens a fresh one).
+        never_answered: for a first contact with an endpoint: while every attempt failed to
+            reach it (:func:`~mdata.sources.faults.is_unreached`), give up after
+            ``policy.first_contact`` with ``never_answered(last error, waited, attempts)``.
 
     Raises:
         StorageUnavailableError: the deadline passed; chained to the last failure.
@@ -108,6 +117,7 @@ def retry_storage(
     failures = 0
     began = attempt_began = 0.0
     target = shard if shard is not None else action
+    reached = never_answered is None  # once an attempt reached the endpoint, it is an outage
     try:
         while True:
             attempt_began = time.monotonic()
@@ -131,6 +141,7 @@ def retry_storage(
                 else:
                     wait_failed_again(token, error)
                 waited = time.monotonic() - began
+                reached = reached or not is_unreached(exc)
                 if waited >= policy.deadline:
                     raise StorageUnavailableError(
                         f"storage unreachable while {action}: gave up after {waited:.1f}s and "
@@ -141,7 +152,10 @@ def retry_storage(
                         "workers; to wait out longer outages raise mdata.storage.retry-deadline "
                         f"(now {policy.deadline:g}s)",
                     ) from exc
-                time.sleep(min(policy.pause(failures), policy.deadline - waited))
+                if not reached and waited >= policy.first_contact:
+                    raise never_answered(exc, waited, failures) from exc
+                limit = policy.deadline if reached else min(policy.first_contact, policy.deadline)
+                time.sleep(min(policy.pause(failures), limit - waited))
             else:
                 if token is not None:
                     logger.warning(

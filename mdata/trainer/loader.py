@@ -32,7 +32,7 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
-from mdata.errors import MeshError, RankTakenError, TrainerError, TrainerTimeoutError
+from mdata.errors import MeshError, RankTakenError, RequestTimeoutError, TrainerError, TrainerTimeoutError
 from mdata.trainer.checkpoints import JobData, checkpoint_of, loader_state
 from mdata.trainer.patience import Patience
 from mdata.trainer.scheduler_loss import detach_quietly
@@ -40,7 +40,7 @@ from mdata.trainer.environment import default_device, rank_from_env
 from mdata.wire.messages import (
     AckRequest, AttachRequest, BatchLocation, BatchLocationRequest, DetachRequest, GetBatchRequest,
     JobInfo, JobInfoRequest, JobsRequest, NoHandlerError, RegisterJobRequest, ReportMetricsRequest,
-    Status, ask, ask_sync,
+    Status, ask, ask_sync, reply_timeout, within,
 )
 
 __all__ = ["Loader", "submit_job", "default_device"]
@@ -350,12 +350,13 @@ class Loader:
                                   receives_tokens=delivery.receives_tokens,
                                   receives_labels=delivery.receives_labels)
 
+        limit = reply_timeout(request)  # a stuck constructor counts as gone: ask the next one
         async def pull():
             last_error: object = None
             for address in location.who_has:
                 try:
-                    reply = await ask(self.client.rpc(address), request)
-                except (OSError, NoHandlerError) as exc:  # gone, or shutting down
+                    reply = await within(ask(self.client.rpc(address), request), request, address, limit)
+                except (OSError, NoHandlerError, RequestTimeoutError) as exc:  # gone, shutting down, stuck
                     last_error = exc
                     continue
                 if reply.status is Status.OK:

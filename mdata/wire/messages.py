@@ -50,6 +50,7 @@ from mdata.wire.delivery import (
     GetBatchRequest, ReportMetricsRequest,
 )
 from mdata.wire.errors import MessageError, NoHandlerError, error_from_msg, error_to_msg
+from mdata.wire.timeouts import reply_timeout, within
 from mdata.wire.inspection import (
     ExactlyOnce, LineageReply, LineageRequest, StatusCounters, StatusReply,
     StatusRequest, StoryOccurrence, StoryReply, StoryRequest,
@@ -69,7 +70,7 @@ from mdata.wire.jobs import (
 __all__ = [
     "Handler", "Status", "Message", "Request", "MessageError", "NoHandlerError", "error_to_msg",
     "error_from_msg",
-    "CATALOGUE", "ask", "ask_sync", "serve",
+    "CATALOGUE", "ask", "ask_sync", "serve", "reply_timeout", "within",
     # jobs
     "RegisterJobRequest", "JobInfoRequest", "JobInfo", "MeshShape", "JobsRequest", "JobsReply",
     "CloseJobRequest", "OkReply", "CheckpointRequest", "CheckpointReply",
@@ -119,9 +120,13 @@ async def ask(target: Any, request: Request) -> Any:
     return request.reply.from_msg(raw)
 
 
-def ask_sync(client: Any, request: Request) -> Any:
-    """:func:`ask` the scheduler through ``client`` from a thread other than the client's loop."""
-    return client.sync(ask, client.scheduler, request)
+def ask_sync(client: Any, request: Request, timeout: float | None = None) -> Any:
+    """:func:`ask` the scheduler through ``client`` from a thread other than the client's loop,
+    waiting at most ``timeout`` seconds (default: :func:`~mdata.wire.timeouts.reply_timeout`)
+    before :class:`~mdata.errors.RequestTimeoutError`: a dead or stuck scheduler is an error."""
+    limit = reply_timeout(request) if timeout is None else float(timeout)
+    target = client.scheduler
+    return client.sync(lambda: within(ask(target, request), request, getattr(target, "address", target), limit))
 
 
 def serve(request_type: type[R], fn: Callable[[R], Message | Awaitable[Message]]):
