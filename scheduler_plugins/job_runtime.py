@@ -38,7 +38,7 @@ from mdata.wire.messages import (
 from mdata.planner.roster import Holder, TrainerRoster
 from mdata.wire.messages import AttachReply, AttachRequest
 from scheduler_plugins import rewind
-from scheduler_plugins.job_tasks import release_job_tasks
+from scheduler_plugins.job_tasks import release_job_tasks_settled
 from scheduler_plugins.lineage_store import LineageStore
 from scheduler_plugins.planner_view import PlannerView
 from scheduler_plugins.recoveries import RecoveryTally
@@ -637,6 +637,7 @@ class JobRuntime:
                 fut.release()
             self.chunk_futures.clear()
             self.batch_futures.clear()
-            release_job_tasks(self.scheduler, self.client.id, self.job)  # gone when close answers
+            # gone when close answers, also those still on the client's stream
+            await release_job_tasks_settled(self.scheduler, self.client.id, self.job)
         if self.lineage is not None:
             await asyncio.to_thread(self.lineage.close)

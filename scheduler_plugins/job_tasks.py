@@ -15,9 +15,11 @@ Planner's client (tasks another client asked for by the same key stay theirs).
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
-__all__ = ["JOB_TASK_PREFIXES", "job_task_keys", "release_job_tasks"]
+__all__ = ["JOB_TASK_PREFIXES", "job_task_keys", "release_job_tasks", "release_job_tasks_settled"]
 
 #: The key prefixes of a job's tasks: ``(prefix, job, ...)`` (mdata.order.chunk_key, the runtime).
 JOB_TASK_PREFIXES = frozenset({"mdata-load", "mdata-summary", "mdata-construct"})
@@ -43,3 +45,23 @@ def release_job_tasks(scheduler: Any, client_id: str, job: str) -> int:
         scheduler.client_releases_keys(keys=keys, client=client_id,
                                        stimulus_id=f"mdata-close-job-{job}")
     return len(keys)
+
+
+async def release_job_tasks_settled(scheduler: Any, client_id: str, job: str, *,
+                                    quiet_s: float = 0.05, limit_s: float = 2.0) -> int:
+    """:func:`release_job_tasks` until none of the job's tasks is left for ``quiet_s``: a task
+    the runtime submitted just before closing travels on the client's batched stream and may
+    reach the scheduler after the first release (seen under load as two construct tasks of a
+    closed job). Bounded by ``limit_s``; returns how many were released in all."""
+    released = release_job_tasks(scheduler, client_id, job)
+    deadline = time.monotonic() + limit_s
+    quiet_since = time.monotonic()
+    while time.monotonic() < deadline:
+        await asyncio.sleep(quiet_s / 5)
+        n = release_job_tasks(scheduler, client_id, job)
+        released += n
+        if n:
+            quiet_since = time.monotonic()
+        elif time.monotonic() - quiet_since >= quiet_s:
+            break
+    return released

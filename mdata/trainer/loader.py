@@ -140,6 +140,17 @@ class Loader:
         self.locate_seconds: deque[float] = deque(maxlen=4096)
         self._teller: ConsumptionTeller | None = None  # consumption, told off the loop (on attach)
 
+    @property
+    def timeout(self) -> float:
+        """Longest wait for one batch (seconds); may be changed while the Loader runs."""
+        return self._timeout
+
+    @timeout.setter
+    def timeout(self, value: float) -> None:
+        self._timeout = float(value)
+        if getattr(self, "_patience", None) is not None:
+            self._patience.set_timeout(value)
+
     def attach(self) -> dict:
         """Register (or find) the job, check this rank against its mesh and lease the rank;
         done on first use. A checkpoint brought here resumes the job from it, even while the

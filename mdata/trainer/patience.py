@@ -35,11 +35,16 @@ class Patience:
     def __init__(self, client: Any, job: str, rank: int, *, timeout: float, poll_interval: float) -> None:
         self.client = client
         self.job = job
-        self.timeout = float(timeout)
-        self.check_every = max(0.1, min(float(poll_interval), self.timeout / 4))
+        self.poll_interval = float(poll_interval)
+        self.set_timeout(timeout)
         self.notice = StorageNotice(client, job, rank)
         self.outage_seen = float("-inf")  # monotonic time the job was last seen waiting on storage
         self.scheduler = SchedulerWatch(client, rank)  # a lost scheduler ends the wait at once
+
+    def set_timeout(self, timeout: float) -> None:
+        """The Loader's timeout changed (``loader.timeout = ...``): waits from now on use it."""
+        self.timeout = float(timeout)
+        self.check_every = max(0.1, min(self.poll_interval, self.timeout / 4))
 
     def begin(self) -> OutageDeadline:
         """The deadline of a wait that starts now."""
