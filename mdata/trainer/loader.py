@@ -34,17 +34,17 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
-from mdata.errors import MeshError, RankTakenError, RequestTimeoutError, TrainerError, TrainerTimeoutError
+from mdata.errors import MeshError, RankTakenError, TrainerError, TrainerTimeoutError
 from mdata.trainer.checkpoints import JobData, checkpoint_of, loader_state
 from mdata.trainer.consumption import ConsumptionTeller
 from mdata.trainer.registration import register_plan
 from mdata.trainer.patience import Patience
 from mdata.trainer.scheduler_loss import detach_quietly
 from mdata.trainer.environment import default_device, rank_from_env
+from mdata.trainer.fetch import BatchMoved, fetch_slice
 from mdata.wire.messages import (
-    AckRequest, AttachRequest, BatchLocation, BatchLocationRequest, DetachRequest, GetBatchRequest,
-    JobInfo, JobInfoRequest, JobsRequest, NoHandlerError, ReportMetricsRequest,
-    Status, ask, ask_sync, reply_timeout, within,
+    AckRequest, AttachRequest, BatchLocation, BatchLocationRequest, DetachRequest, JobInfo,
+    JobInfoRequest, JobsRequest, ReportMetricsRequest, Status, ask_sync,
 )
 
 __all__ = ["Loader", "default_device"]
@@ -65,10 +65,6 @@ def _connect(address_or_client, timeout: float, security=None):
             "this host can reach it"
         ) from exc
     return client, True
-
-
-class _BatchMoved(Exception):
-    """No constructor served the batch where the Planner said it was: ask again."""
 
 
 class Loader:
@@ -312,8 +308,8 @@ class Loader:
         while True:
             location = self._locate(step, delivered)
             try:
-                return location, self._fetch(location)
-            except _BatchMoved as exc:
+                return location, fetch_slice(self.client, location, self._delivery)
+            except BatchMoved as exc:
                 if time.monotonic() > deadline:
                     raise TrainerError(
                         f"rank {self.rank}: batch of step {step} ({list(location.key)}) could not "
@@ -350,28 +346,6 @@ class Loader:
                     f"rank {self.rank}: the batch of step {step} was not ready within "
                     f"{self.timeout:.0f}s; check the Planner's dashboard for a stalled source pool"
                 )
-
-    def _fetch(self, location: BatchLocation):
-        delivery = self._delivery  # what this rank receives under the plan's broadcast axis
-        request = GetBatchRequest(key=location.key, cp_rank=delivery.cp_rank,
-                                  receives_tokens=delivery.receives_tokens,
-                                  receives_labels=delivery.receives_labels)
-
-        limit = reply_timeout(request)  # a stuck constructor counts as gone: ask the next one
-        async def pull():
-            last_error: object = None
-            for address in location.who_has:
-                try:
-                    reply = await within(ask(self.client.rpc(address), request), request, address, limit)
-                except (OSError, NoHandlerError, RequestTimeoutError) as exc:  # gone, shutting down, stuck
-                    last_error = exc
-                    continue
-                if reply.status is Status.OK:
-                    return reply.batch
-                last_error = f"{address} answered {reply.status.value} for {list(reply.key)}"
-            raise _BatchMoved(f"no constructor of {list(location.who_has)} served it: {last_error}")
-
-        return self.client.sync(pull)
 
     # -- checkpointing ---------------------------------------------------------------------------
     def state_dict(self) -> dict:
