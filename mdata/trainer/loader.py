@@ -241,8 +241,9 @@ class Loader:
         # (a caller that breaks out of the loop has not said it finished the last batch)
 
     def mark_consumed(self) -> None:
-        """Acknowledge the last batch taken as consumed now (iteration does it when the caller
-        asks for the next batch). The Planner releases a step once every rank consumed it."""
+        """Mark the last batch taken as consumed (iteration does it when the caller asks for the
+        next batch). The Planner hears it within a moment, without a round trip on the caller's
+        loop; ``close()`` waits until it has. It releases a step once every rank consumed it."""
         step, self._taken = self._taken, None
         if step is not None and self._teller is not None:
             self._teller.note(step)  # returns at once; an earlier telling's error is raised here
