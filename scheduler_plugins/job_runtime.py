@@ -472,15 +472,29 @@ class JobRuntime:
             self.stalled_seconds[rank] = stalled_s
         if token:
             self.roster.check(rank, token, generation)  # a stale Loader hears it as an error
-        delivery = self._delivery(rank, step, token)  # consumed implies delivered, told first
         if not consumed:
+            delivery = self._delivery(rank, step, token)
             if delivery:
                 await self._handle_coalesced(*delivery)
             return
+        await self._handle_coalesced(*self._consumption(rank, step, token))
+
+    def consumed_told(self, rank: int, steps: tuple[int, ...], token: str, stalled_s: float) -> None:
+        """``rank`` consumed ``steps``, told with its location request (checked by the handler):
+        queued for the Planner now, without waiting for them to be applied, so the long poll
+        that carried them goes on at once."""
+        if stalled_s >= 0:
+            self.stalled_seconds[rank] = stalled_s
+        if not self._closed:
+            self._enqueue([ev for step in steps for ev in self._consumption(rank, step, token)])
+
+    def _consumption(self, rank: int, step: int, token: str) -> list:
+        """The events of ``rank`` consuming ``step``: its delivery first (consumption implies it),
+        unless told already, then the consumption; counted for the rank's status."""
         self.consumed_steps[rank] = max(self.consumed_steps.get(rank, -1), step)
         self.trainer_meter.consumed(rank, step)
-        await self._handle_coalesced(*delivery, ps.BatchConsumed(step=step, rank=rank,
-                                                                 stimulus_id=f"ack-{rank}-{step}"))
+        return [*self._delivery(rank, step, token),
+                ps.BatchConsumed(step=step, rank=rank, stimulus_id=f"ack-{rank}-{step}")]
 
     def _delivery(self, rank: int, step: int, token: str) -> list:
         """The delivery of ``step`` to ``rank`` as an event, unless that Loader told it already

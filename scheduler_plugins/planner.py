@@ -262,9 +262,17 @@ class PlannerPlugin(SchedulerPlugin):
     async def batch_location(self, req: msg.BatchLocationRequest) -> msg.BatchLocationReply:
         check_timeout(req.handler.value, req.timeout)
         runtime = self._ranked(req)
-        if req.delivered is not None and lease_is_current(runtime.roster, req):
-            check_received(req.handler.value, runtime.view, req.rank,
-                           check_step(req.handler.value, req.delivered, "delivered"), "delivered")
+        handler = req.handler.value
+        if (req.delivered is not None or req.consumed) and lease_is_current(runtime.roster, req):
+            if req.delivered is not None:
+                check_received(handler, runtime.view, req.rank,
+                               check_step(handler, req.delivered, "delivered"), "delivered")
+            for step in req.consumed:  # the training loop's consumption, told with this request
+                check_received(handler, runtime.view, req.rank, check_step(handler, step, "consumed"),
+                               "consumed")
+            if req.consumed:
+                runtime.consumed_told(req.rank, req.consumed, req.token,
+                                      check_stall(handler, req.rank, req.stalled_s))
         return await runtime.batch_location(req.rank, req.step, req.timeout,
                                             req.token, req.generation, req.delivered)
 

@@ -18,7 +18,7 @@ from mdata.driver.cluster import (
     start_cluster,
 )
 from mdata.driver.job import JobHandle, Occurrence, SampleStory
-from mdata.trainer.loader import submit_job
+from mdata.driver.submit import submit_job
 
 __all__ = ["MdataCluster", "PoolAutoscaler", "WorkerGroups", "EmbeddedGroups", "PoolSpec",
            "cluster_up_cli", "default_pools", "layout_pools", "start_cluster", "JobHandle",

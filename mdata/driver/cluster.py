@@ -381,7 +381,7 @@ def cluster_up_cli(args: argparse.Namespace) -> int:
         if plan is not None:
             from distributed import Client
 
-            from mdata.trainer.loader import submit_job
+            from mdata.driver.submit import submit_job
 
             with Client(c.scheduler_address, set_as_default=False) as client:
                 info = submit_job(client, plan, job=args.job)

@@ -132,7 +132,7 @@ class JobHandle:
                accept_appended_shards: bool = False, allow_mixture_change: bool = False) -> "JobHandle":
         """Register ``plan`` as ``job`` (idempotent for the same plan) and return its handle;
         resume options as for :func:`~mdata.trainer.loader.submit_job`."""
-        from mdata.trainer.loader import submit_job
+        from mdata.driver.submit import submit_job
 
         submit_job(client, plan, job=job, checkpoint=None if checkpoint is None else dict(checkpoint),
                    accept_appended_shards=accept_appended_shards,

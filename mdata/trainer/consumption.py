@@ -40,6 +40,8 @@ class ConsumptionTeller:
         self._in_flight = 0  # messages carrying noted steps that have not been answered yet
         self._failure: BaseException | None = None
         self._closed = False
+        #: steps told so far: ``carried`` by location requests, sent ``alone`` by this thread
+        self.told = {"carried": 0, "alone": 0}
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -77,6 +79,10 @@ class ConsumptionTeller:
             self._in_flight -= 1
             if not ok:
                 self._noted[:0] = steps
+            elif threading.current_thread() is self._thread:
+                self.told["alone"] += len(steps)
+            else:
+                self.told["carried"] += len(steps)
             self._cond.notify_all()
 
     # -- lifecycle -----------------------------------------------------------------------------------

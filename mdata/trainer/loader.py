@@ -10,7 +10,9 @@ with the last batch the *caller* consumed, never how far prefetching ran.
 
 What counts is consumption, not prefetch: a step is acknowledged as consumed when the training
 loop asks for the next batch (or calls :meth:`Loader.mark_consumed`), never when the prefetch
-thread fetched it, so the Planner's "consumed" step is what trainers really trained on.
+thread fetched it, so the Planner's "consumed" step is what trainers really trained on. Telling it
+costs the loop no round trip: the step is noted and travels with the next location request, or
+on its own a moment later (:mod:`mdata.trainer.consumption`).
 
 Each Loader leases its rank (one rank, one Loader) and joins a *generation* of the job: a
 Loader that brings a checkpoint for a job that runs already rewinds the job to it, and every rank
@@ -32,18 +34,20 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
-from mdata.errors import MeshError, RankTakenError, RequestTimeoutError, TrainerError, TrainerTimeoutError
+from mdata.errors import MeshError, RankTakenError, TrainerError, TrainerTimeoutError
 from mdata.trainer.checkpoints import JobData, checkpoint_of, loader_state
+from mdata.trainer.consumption import ConsumptionTeller
+from mdata.trainer.registration import register_plan
 from mdata.trainer.patience import Patience
 from mdata.trainer.scheduler_loss import detach_quietly
 from mdata.trainer.environment import default_device, rank_from_env
+from mdata.trainer.fetch import BatchMoved, fetch_slice
 from mdata.wire.messages import (
-    AckRequest, AttachRequest, BatchLocation, BatchLocationRequest, DetachRequest, GetBatchRequest,
-    JobInfo, JobInfoRequest, JobsRequest, NoHandlerError, RegisterJobRequest, ReportMetricsRequest,
-    Status, ask, ask_sync, reply_timeout, within,
+    AckRequest, AttachRequest, BatchLocation, BatchLocationRequest, DetachRequest, JobInfo,
+    JobInfoRequest, JobsRequest, ReportMetricsRequest, Status, ask_sync,
 )
 
-__all__ = ["Loader", "submit_job", "default_device"]
+__all__ = ["Loader", "default_device"]
 
 
 def _connect(address_or_client, timeout: float, security=None):
@@ -61,34 +65,6 @@ def _connect(address_or_client, timeout: float, security=None):
             "this host can reach it"
         ) from exc
     return client, True
-
-
-def submit_job(client, plan, *, job: str = "default", checkpoint: dict | None = None,
-               accept_appended_shards: bool = False, allow_mixture_change: bool = False) -> dict:
-    """Register ``plan`` as ``job`` with the cluster's Planner (idempotent for the same plan),
-    optionally resuming from ``checkpoint``: the plan's placement may differ from the writer's,
-    its data may not, except for shards appended to a source (``accept_appended_shards``); its
-    mixture only with ``allow_mixture_change`` (docs/concepts.md, "Checkpoint and resume").
-
-    Returns the job's info: fingerprint, mesh, and the first step trainers will receive.
-    """
-    return _register(client, plan, job=job, checkpoint=checkpoint_of(checkpoint),
-                     accept_appended_shards=accept_appended_shards,
-                     allow_mixture_change=allow_mixture_change).to_msg()
-
-
-def _register(client, plan, *, job: str, checkpoint: dict | None, by_loader: bool = False,
-              **resume_options: bool) -> JobInfo:
-    import mdata.wire.frames  # noqa: F401  the wire format must be known before batches arrive
-
-    plan.validate_for_delivery()
-    return ask_sync(client, RegisterJobRequest(job=job, plan=plan.to_spec(), checkpoint=checkpoint,
-                                               by_loader=by_loader, client=str(client.id),
-                                               **resume_options))
-
-
-class _BatchMoved(Exception):
-    """No constructor served the batch where the Planner said it was: ask again."""
 
 
 class Loader:
@@ -158,6 +134,7 @@ class Loader:
         # seconds of each location request that returned a location (includes its long-poll wait
         # when the batch was not ready yet): what the control plane costs a rank, kept bounded
         self.locate_seconds: deque[float] = deque(maxlen=4096)
+        self._teller: ConsumptionTeller | None = None  # consumption, told off the loop (on attach)
 
     @property
     def timeout(self) -> float:
@@ -176,13 +153,15 @@ class Loader:
         job runs (it rewinds it; every rank must bring the same step)."""
         if self.info is None:
             if self.plan is not None:
-                info = _register(self.client, self.plan, job=self.job, checkpoint=self._restore,
+                info = register_plan(self.client, self.plan, job=self.job, checkpoint=self._restore,
                                  by_loader=True, **self._resume_options)  # attach decides a rewind
             else:
                 info = self._wait_for_job(self.job)
             self._validate_mesh(info)
             lease = self._lease()
             self._generation = lease.generation
+            if self._teller is None:
+                self._teller = ConsumptionTeller(self._tell_consumed, name=f"mdata-consumed-{self.rank}")
             self._data = JobData(lease.job_data)
             self._next_step = lease.start_step
             self.info = {**info.to_msg(), "start_step": lease.start_step}
@@ -262,11 +241,17 @@ class Loader:
         # (a caller that breaks out of the loop has not said it finished the last batch)
 
     def mark_consumed(self) -> None:
-        """Acknowledge the last batch taken as consumed now (iteration does it when the caller
-        asks for the next batch). The Planner releases a step once every rank consumed it."""
+        """Mark the last batch taken as consumed (iteration does it when the caller asks for the
+        next batch). The Planner hears it within a moment, without a round trip on the caller's
+        loop; ``close()`` waits until it has. It releases a step once every rank consumed it."""
         step, self._taken = self._taken, None
-        if step is not None:
-            with self._patience.scheduler.calls():  # a lost scheduler: say so, at once
+        if step is not None and self._teller is not None:
+            self._teller.note(step)  # returns at once; an earlier telling's error is raised here
+
+    def _tell_consumed(self, steps: tuple[int, ...]) -> None:
+        """The teller's thread: consumption no location request carried in time, told alone."""
+        with self._patience.scheduler.calls():  # a lost scheduler: say so, at once
+            for step in steps:
                 ask_sync(self.client, AckRequest(job=self.job, rank=self.rank, step=step,
                                                  consumed=True, token=self._token,
                                                  generation=self._generation,
@@ -324,8 +309,8 @@ class Loader:
         while True:
             location = self._locate(step, delivered)
             try:
-                return location, self._fetch(location)
-            except _BatchMoved as exc:
+                return location, fetch_slice(self.client, location, self._delivery)
+            except BatchMoved as exc:
                 if time.monotonic() > deadline:
                     raise TrainerError(
                         f"rank {self.rank}: batch of step {step} ({list(location.key)}) could not "
@@ -338,9 +323,17 @@ class Loader:
         while True:
             poll = self._patience.poll_s(wait, self.poll_interval)
             asked = time.monotonic()
-            reply = ask_sync(self.client, BatchLocationRequest(
-                job=self.job, rank=self.rank, step=step, timeout=poll, token=self._token,
-                generation=self._generation, delivered=delivered))
+            consumed = self._teller.take() if self._teller is not None else ()
+            try:
+                reply = ask_sync(self.client, BatchLocationRequest(
+                    job=self.job, rank=self.rank, step=step, timeout=poll, token=self._token,
+                    generation=self._generation, delivered=delivered, consumed=consumed,
+                    stalled_s=self.wait_seconds))
+            except BaseException:
+                self._teller is None or self._teller.sent(consumed, ok=False)
+                raise
+            if self._teller is not None:
+                self._teller.sent(consumed, ok=True)
             if reply.status is Status.OK:
                 self.locate_seconds.append(time.monotonic() - asked)
                 return reply.location
@@ -354,28 +347,6 @@ class Loader:
                     f"rank {self.rank}: the batch of step {step} was not ready within "
                     f"{self.timeout:.0f}s; check the Planner's dashboard for a stalled source pool"
                 )
-
-    def _fetch(self, location: BatchLocation):
-        delivery = self._delivery  # what this rank receives under the plan's broadcast axis
-        request = GetBatchRequest(key=location.key, cp_rank=delivery.cp_rank,
-                                  receives_tokens=delivery.receives_tokens,
-                                  receives_labels=delivery.receives_labels)
-
-        limit = reply_timeout(request)  # a stuck constructor counts as gone: ask the next one
-        async def pull():
-            last_error: object = None
-            for address in location.who_has:
-                try:
-                    reply = await within(ask(self.client.rpc(address), request), request, address, limit)
-                except (OSError, NoHandlerError, RequestTimeoutError) as exc:  # gone, shutting down, stuck
-                    last_error = exc
-                    continue
-                if reply.status is Status.OK:
-                    return reply.batch
-                last_error = f"{address} answered {reply.status.value} for {list(reply.key)}"
-            raise _BatchMoved(f"no constructor of {list(location.who_has)} served it: {last_error}")
-
-        return self.client.sync(pull)
 
     # -- checkpointing ---------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -407,6 +378,11 @@ class Loader:
         thread = getattr(self, "_thread", None)
         if thread is not None:
             thread.join(timeout=0.2 if self._patience.scheduler.disconnected() else 5)
+        teller = getattr(self, "_teller", None)
+        if teller is not None:  # what the loop consumed reaches the Planner before the lease ends
+            if not self._patience.scheduler.disconnected():
+                teller.flush(timeout=2.0)
+            teller.close()
         if getattr(self, "info", None) is not None and getattr(self, "client", None) is not None:
             # end the lease now, so another Loader may take the rank over at once (in 2 s at most)
             detach_quietly(self.client, DetachRequest(job=self.job, rank=self.rank, token=self._token))
@@ -418,3 +394,11 @@ class Loader:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def __getattr__(name: str):
+    if name == "submit_job":  # it lived here; a driver function, now in mdata.driver.submit
+        from mdata.driver.submit import submit_job
+
+        return submit_job
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -19,7 +19,7 @@ from typing import Any
 from mdata.batch import Batch
 from mdata.errors import MdataError, TrainerError
 from mdata.wire.codec import (
-    Handler, Message, Reader, Request, Status, check_bool, check_float, check_int, check_str,
+    Handler, Message, Reader, Request, Status, check_bool, check_float, check_int, check_list, check_str,
     held_msg, key_msg, key_of, read_held,
 )
 from mdata.wire.errors import bad_field, error_from_msg, error_to_msg
@@ -118,7 +118,9 @@ class BatchLocationRequest(Request):
     attach; empty for a caller without one, e.g. a notebook looking around). ``delivered``: a
     step whose batch this Loader received and has not acknowledged yet (the one before), so
     that the delivery needs no :class:`AckRequest` of its own: one message fewer per rank and
-    step, the scheduler's most frequent."""
+    step, the scheduler's most frequent. ``consumed``: steps the rank's training loop consumed
+    and has not told yet (ascending), carried here instead of an :class:`AckRequest` each, with
+    ``stalled_s`` as in that request; applied before the long poll waits."""
 
     handler = Handler.BATCH_LOCATION
     reply = BatchLocationReply
@@ -130,10 +132,16 @@ class BatchLocationRequest(Request):
     token: str = ""
     generation: int = 0
     delivered: int | None = None
+    consumed: tuple[int, ...] = ()
+    stalled_s: float = -1.0
 
     def to_msg(self) -> dict[str, Any]:
-        return {"job": self.job, "rank": self.rank, "step": self.step, "timeout": self.timeout,
-                "token": self.token, "generation": self.generation, "delivered": self.delivered}
+        out = {"job": self.job, "rank": self.rank, "step": self.step, "timeout": self.timeout,
+               "token": self.token, "generation": self.generation, "delivered": self.delivered}
+        if self.consumed:
+            out["consumed"] = [int(s) for s in self.consumed]
+            out["stalled_s"] = self.stalled_s
+        return out
 
     @classmethod
     def from_msg(cls, msg: Any) -> "BatchLocationRequest":
@@ -141,7 +149,9 @@ class BatchLocationRequest(Request):
         out = cls(r.str("job"), r.int("rank"), r.int("step"), r.float("timeout"),
                   check_str(r.raw("token", ""), r, "token"),
                   check_int(r.raw("generation", 0), r, "generation"),
-                  r.optional("delivered", check_int))
+                  r.optional("delivered", check_int),
+                  check_list(r.raw("consumed", []), r, "consumed", check_int),
+                  check_float(r.raw("stalled_s", -1.0), r, "stalled_s"))
         r.done()
         return out
 

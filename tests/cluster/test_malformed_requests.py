@@ -111,7 +111,7 @@ def test_malformed_requests_get_typed_errors_and_the_job_runs_on(mdata_cluster, 
                 errors = _malformed(intruder, "malformed", l0, balanced)
         l0.mark_consumed()
         l1.mark_consumed()
-        status = JobHandle(client, "malformed").status()
+    status = JobHandle(client, "malformed").status()  # closing the Loaders told their last step
 
     def expect(name: str, cls: type, pattern: str) -> None:
         assert isinstance(errors.get(name), cls), (name, errors.get(name))

@@ -35,6 +35,7 @@ def test_noting_does_not_wait_for_the_send_and_every_step_arrives_in_order():
         rec.release.set()
         assert teller.flush(timeout=10)
         assert [s for steps in rec.sent for s in steps] == [0, 1, 2, 3, 4]
+        assert teller.told == {"carried": 0, "alone": 5}
     finally:
         teller.close()
 
@@ -50,6 +51,7 @@ def test_a_location_request_carries_the_noted_steps_instead_of_a_message_of_thei
         teller.sent(carried, ok=True)
         assert teller.flush(timeout=10)
         assert rec.sent == []  # no message of their own
+        assert teller.told == {"carried": 2, "alone": 0}
     finally:
         teller.close()
 

@@ -107,6 +107,8 @@ MESSAGES = [
     m.AckRequest(job="pretrain", rank=3, step=5),
     m.AckRequest(job="pretrain", rank=3, step=5, consumed=False, token="t0k", generation=2),
     m.BatchLocationRequest(job="pretrain", rank=3, step=5, timeout=2.0, token="t0k", generation=1),
+    m.BatchLocationRequest(job="pretrain", rank=3, step=7, timeout=2.0, token="t0k", generation=1,
+                           delivered=6, consumed=(4, 5), stalled_s=1.5),
     m.BatchLocationRequest(job="pretrain", rank=3, step=6, timeout=2.0, token="t0k", generation=1,
                            delivered=5),
     m.AttachRequest(job="pretrain", rank=3, client="Client-1", token="t0k", host="node7", pid=42,

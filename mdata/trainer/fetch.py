@@ -1,0 +1,47 @@
+"""Pulling one rank's slice of a built batch straight from a constructor that holds it.
+
+Bulk data never passes through the scheduler: the Planner says which constructors hold the DP
+group's batch (``who_has``) and the rank asks them in turn for its slice (CP piece, tokens and
+labels as its role needs). A constructor that is gone, closing or stuck past the request
+timeout counts as not holding it; when none serves it, :class:`BatchMoved` tells the Loader to
+ask the Planner again (the batch is being rebuilt elsewhere).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mdata.errors import RequestTimeoutError
+from mdata.wire.messages import (
+    BatchLocation, GetBatchRequest, NoHandlerError, Status, ask, reply_timeout, within,
+)
+
+__all__ = ["BatchMoved", "fetch_slice"]
+
+
+class BatchMoved(Exception):
+    """No constructor served the batch where the Planner said it was: ask again."""
+
+
+def fetch_slice(client: Any, location: BatchLocation, delivery: Any):
+    """This rank's slice of the batch at ``location`` (``delivery``: what the rank receives
+    under the plan's broadcast axis, :meth:`mdata.mesh.ClientPlaceTree.delivery`)."""
+    request = GetBatchRequest(key=location.key, cp_rank=delivery.cp_rank,
+                              receives_tokens=delivery.receives_tokens,
+                              receives_labels=delivery.receives_labels)
+    limit = reply_timeout(request)  # a stuck constructor counts as gone: ask the next one
+
+    async def pull():
+        last_error: object = None
+        for address in location.who_has:
+            try:
+                reply = await within(ask(client.rpc(address), request), request, address, limit)
+            except (OSError, NoHandlerError, RequestTimeoutError) as exc:  # gone, closing, stuck
+                last_error = exc
+                continue
+            if reply.status is Status.OK:
+                return reply.batch
+            last_error = f"{address} answered {reply.status.value} for {list(reply.key)}"
+        raise BatchMoved(f"no constructor of {list(location.who_has)} served it: {last_error}")
+
+    return client.sync(pull)

@@ -1,0 +1,60 @@
+"""The Loader tells consumption without a round trip on the training loop, and loses none of it.
+
+Consumption is what moves the Planner's window; if a told step were lost, the job would stall at
+its window and the counters would say so. Steps the training loop consumed travel with the
+prefetcher's next location request when one goes out within a moment, else on their own; the
+last ones are sent when the Loader closes.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from mdata.cost import AttentionCost
+from mdata.driver import JobHandle, submit_job
+from mdata.mesh import ClientPlaceTree
+from mdata.plan import Plan
+from mdata.trainer import Loader
+
+pytestmark = pytest.mark.cluster
+
+STEPS = 10
+
+
+def test_every_consumed_step_reaches_the_planner_mostly_with_location_requests(
+        mdata_cluster, client, example_sources_small):
+    text = [s for s in example_sources_small if s.name in ("chat", "code")]
+    plan = (Plan(text).mix({"chat": 1.0, "code": 1.0}).cost(AttentionCost(a=1.0, b=2048.0))
+            .balance(micro_batches=1, max_tokens=4096, global_batch=8)
+            .distribute(ClientPlaceTree(dp=2, tp=2)).seed(5).window(2))
+    submit_job(client, plan, job="told")
+    told: dict[int, dict] = {}
+    errors: list[BaseException] = []
+
+    def rank_loop(rank: int) -> None:
+        try:
+            with Loader(client, job="told", rank=rank, world_size=4, steps=STEPS, timeout=60) as loader:
+                for _ in loader:
+                    loader.mark_consumed()  # returns without waiting for the scheduler
+                loader.close()  # sends what no location request carried: nothing is lost
+                told[rank] = dict(loader._teller.told)
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=rank_loop, args=(r,)) for r in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    status = JobHandle(client, "told").status()
+    # every rank told every step: the window moved past all of them
+    assert status["counters"]["consumed_step"] == STEPS, status["counters"]
+    for rank, counts in told.items():
+        assert counts["carried"] + counts["alone"] == STEPS, (rank, counts)
+    # location requests carried some (how many depends on whether data or the loop is ahead:
+    # the last steps, after the prefetcher's last request, always go alone)
+    assert sum(c["carried"] for c in told.values()) >= 1, told
+    JobHandle(client, "told").close()
