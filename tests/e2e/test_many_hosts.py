@@ -141,6 +141,8 @@ def run_job(hosts, tmp_path, *, tls: bool, cut: bool = False) -> dict[int, list[
         if cut:  # once the trainers are a few steps in, the loader host drops off the network
             master.wait_for_log("rank-0.jsonl", r'"step"', count=2, timeout=BOOT)
             found["loader"].cut(3.0)
+            done = len(master.log("rank-0.jsonl").splitlines())
+            assert done < job.STEPS, f"the cut came after the run ({done} steps received)"
         for node, proc in enumerate(trainers):
             host = (found["trainer1"], found["trainer2"])[node]
             rc = proc.wait(timeout=180)
