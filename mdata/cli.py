@@ -44,12 +44,27 @@ def _print_layout(plan, profile, args: argparse.Namespace) -> None:
 
     cores = None if args.rate is not None else (args.cores or os.cpu_count() or 1)
     layout = layout_for_plan(plan, profile, rate=args.rate, cores=cores, basis=args.basis)
+    tls = _layout_tls(args)
     print(layout)
     print("\n# start it with the dask CLI:")
-    print("\n".join(dask_worker_commands(layout, args.scheduler)))
+    print("\n".join(dask_worker_commands(layout, args.scheduler, tls=tls)))
     if args.kubernetes:
         print("\n# or on Kubernetes (dask-kubernetes operator):")
-        print(kubernetes_manifest(layout), end="")
+        print(kubernetes_manifest(layout, tls=tls is not None), end="")
+
+
+def _layout_tls(args: argparse.Namespace) -> "tuple[str, str, str] | None":
+    """The TLS files the printed lines name: the three options as given (paths on the hosts), or
+    with ``--tls`` alone the manifest's mount paths; None for plain TCP."""
+    from mdata.errors import PlanError
+    from mdata.pool_layout_text import TLS_MOUNT
+
+    given = (args.tls_ca_file, args.tls_cert, args.tls_key)
+    if not args.tls and not any(given):
+        return None
+    if any(given) and not all(given):
+        raise PlanError("TLS needs --tls-ca-file, --tls-cert and --tls-key together (or --tls alone)")
+    return given if all(given) else (f"{TLS_MOUNT}/ca.pem", f"{TLS_MOUNT}/cert.pem", f"{TLS_MOUNT}/key.pem")
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:
@@ -96,6 +111,22 @@ def _layout_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--basis", choices=["cpu", "wall"], default="cpu",
                         help="per-sample cost from the profile: CPU time (default; a busy profiling "
                         "machine does not move it) or wall time (counts storage waits: remote data)")
+
+
+def _tls_args(parser: argparse.ArgumentParser, *, up: bool) -> None:
+    """TLS options, under the dask CLI's own names; ``up``: those of a cluster this command runs."""
+    parser.add_argument("--tls-ca-file", default=None, help="CA certificate (PEM) every peer must be signed by")
+    parser.add_argument("--tls-cert", default=None, help="certificate (PEM) the cluster's processes present")
+    parser.add_argument("--tls-key", default=None, help="its private key (PEM)")
+    if up:
+        parser.add_argument("--tls-auto", action="store_true",
+                            help="make a throwaway CA and certificates (in --tls-dir), run on tls:// and "
+                            "print how trainers attach")
+        parser.add_argument("--tls-dir", default=None, help="folder --tls-auto writes (default ./.mdata-tls)")
+    else:
+        parser.add_argument("--tls", action="store_true",
+                            help="the cluster uses TLS: lines carry the TLS options (paths: the three "
+                            "options above, default the manifest's /etc/mdata/tls/{ca,cert,key}.pem)")
 
 
 def _fail(exc: Exception) -> int:
@@ -183,6 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a profile of the plan's sources (`mdata profile`): lay the pools out from "
                     "it (default: expensive sources get a pool each, cheap ones share)")
     _layout_args(up)
+    _tls_args(up, up=True)
     up.set_defaults(func=_cmd_cluster_up)
 
     prof = sub.add_parser("profile", help="measure what each source of a plan costs a loader per "
@@ -196,6 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--scheduler", default="tcp://SCHEDULER:8786", help="address in the dask worker lines")
     prof.add_argument("--kubernetes", action="store_true", help="also print a dask-kubernetes manifest")
     _layout_args(prof)
+    _tls_args(prof, up=False)
     prof.set_defaults(func=_cmd_profile)
 
     plan = sub.add_parser("plan", help="show or simulate a plan file").add_subparsers(
@@ -221,6 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
     lay.add_argument("--scheduler", default="tcp://SCHEDULER:8786", help="address in the dask worker lines")
     lay.add_argument("--kubernetes", action="store_true", help="also print a dask-kubernetes manifest")
     _layout_args(lay)
+    _tls_args(lay, up=False)
     lay.set_defaults(func=_cmd_plan_layout)
     return parser
 

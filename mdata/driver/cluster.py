@@ -372,8 +372,13 @@ def cluster_up_cli(args: argparse.Namespace) -> int:
         sources = example_sources(args.data)
     if layout is not None:
         print(layout, flush=True)
+    from mdata.driver.tls import cluster_security, tls_files_from_args, trainer_usage
+
+    tls = tls_files_from_args(args)  # None: plain TCP; else tls:// for every process (mdata.driver.tls)
+    security = None if tls is None else cluster_security(tls)
     with start_cluster(sources, layout=layout, constructors=args.constructors, host=args.host,
-                       dashboard_address=args.dashboard_address, scheduler_port=args.port) as c:
+                       dashboard_address=args.dashboard_address, scheduler_port=args.port,
+                       security=security) as c:
         print(f"scheduler: {c.scheduler_address}")
         print(f"dashboard: {c.dashboard_link}")
         print("pools: " + ", ".join(f"{p.name}={list(p.sources)} ({p.workers}x{p.threads})"
@@ -383,9 +388,11 @@ def cluster_up_cli(args: argparse.Namespace) -> int:
 
             from mdata.driver.submit import submit_job
 
-            with Client(c.scheduler_address, set_as_default=False) as client:
+            with Client(c.scheduler_address, set_as_default=False, security=security) as client:
                 info = submit_job(client, plan, job=args.job)
             print(f"job: {args.job} (fingerprint {info['fingerprint']}, world size {info['world_size']})")
+        if tls is not None:
+            print(trainer_usage(tls, c.scheduler_address))
         try:
             print("press Ctrl-C to stop", flush=True)
             while True:

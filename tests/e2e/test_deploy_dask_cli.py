@@ -4,8 +4,6 @@ certificates made here."""
 
 from __future__ import annotations
 
-import datetime as dt
-import ipaddress
 import os
 import re
 import subprocess
@@ -16,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from mdata.driver import submit_job
+from mdata.driver.tls import make_certificates
 from mdata.trainer import Loader
 from mdata.cost import AttentionCost
 from mdata.mesh import ClientPlaceTree
@@ -24,40 +23,6 @@ from mdata.plan import Plan
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
 DASK = str(Path(sys.executable).with_name("dask"))
-
-
-def make_certificates(folder: Path) -> dict[str, str]:
-    """A CA and one certificate it signs for 127.0.0.1 (used by scheduler, workers and clients)."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    def name(cn: str) -> x509.Name:
-        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
-
-    now = dt.datetime.now(dt.timezone.utc)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca = (x509.CertificateBuilder().subject_name(name("mdata-test-ca")).issuer_name(name("mdata-test-ca"))
-          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
-          .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=1))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-          .sign(ca_key, hashes.SHA256()))
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (x509.CertificateBuilder().subject_name(name("127.0.0.1")).issuer_name(ca.subject)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName(
-                [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]),
-                critical=False)
-            .sign(ca_key, hashes.SHA256()))
-    paths = {"ca": folder / "ca.pem", "cert": folder / "cert.pem", "key": folder / "key.pem"}
-    paths["ca"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    paths["cert"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    paths["key"].write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                               serialization.PrivateFormat.PKCS8,
-                                               serialization.NoEncryption()))
-    return {k: str(v) for k, v in paths.items()}
 
 
 def _wait_for_line(proc: subprocess.Popen, pattern: str, timeout: float = 60.0) -> str:
@@ -87,10 +52,10 @@ def test_dask_cli_cluster_serves_trainers(protocol, example_corpus, tmp_path):
     tls_args: list[str] = []
     security = None
     if protocol == "tls":
-        certs = make_certificates(tmp_path)
-        tls_args = ["--tls-ca-file", certs["ca"], "--tls-cert", certs["cert"], "--tls-key", certs["key"]]
-        security = Security(tls_ca_file=certs["ca"], tls_client_cert=certs["cert"],
-                            tls_client_key=certs["key"], require_encryption=True)
+        certs = make_certificates(tmp_path, ["127.0.0.1"], client=False)  # the product's CA maker
+        tls_args = ["--tls-ca-file", certs.ca_file, "--tls-cert", certs.cert, "--tls-key", certs.key]
+        security = Security(tls_ca_file=certs.ca_file, tls_client_cert=certs.cert,
+                            tls_client_key=certs.key, require_encryption=True)
     env = {**os.environ, "DASK_LOGGING__DISTRIBUTED": "info"}
     procs: list[subprocess.Popen] = []
     try:
