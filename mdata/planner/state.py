@@ -50,6 +50,7 @@ from mdata.planner.events import (
     BatchConsumed, BatchDelivered, ChunkFailed, ChunkLoaded, MetricsReported, PlannerEvent,
     RanksConsumed, Tick, WorkerLost,
 )
+from mdata.planner.failure_hints import chunk_failure_hint
 from mdata.planner.instructions import Instruction, JobFailed, ReleaseBatch, StepReady
 from mdata.planner.pool_ticks import pool_targets_on_tick
 from mdata.planner.quarantine import Quarantine
@@ -265,8 +266,7 @@ class PlannerState:
         error = ev.error if isinstance(ev.error, MdataError) else None
         return [self._fail(
             f"loading source {ref.source!r}, shard {ref.shard}, rows {ref.start}-{ref.stop} "
-            f"failed: {ev.error}. Fix or remove the shard, or raise the source's skip_tolerance "
-            "if single samples are bad", ev.stimulus_id, error)]
+            f"failed: {ev.error}. {chunk_failure_hint(ev.error)}", ev.stimulus_id, error)]
 
     def _on_worker_lost(self, ev: WorkerLost) -> list[Instruction]:
         out: list[Instruction] = []

@@ -364,7 +364,10 @@ class Loader:
         self._consumed_checkpoint = self._restore
 
     def report_metrics(self, step: int, metrics: dict[str, float]) -> None:
-        """Send training metrics (e.g. per-source loss) to metric-driven mixture policies."""
+        """Send training metrics (e.g. per-source loss) to metric-driven mixture policies; a
+        Loader that has not attached yet attaches first (the Planner takes metrics from a rank's
+        lease holder only)."""
+        self.attach()
         ask_sync(self.client, ReportMetricsRequest(
             job=self.job, rank=self.rank, step=int(step),
             metrics={k: float(v) for k, v in metrics.items()},
