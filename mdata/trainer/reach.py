@@ -46,8 +46,8 @@ def check_listening(address: str, refused_for: float = REFUSED_FOR_S) -> None:
         except ConnectionRefusedError as exc:
             if time.monotonic() >= deadline:
                 raise TrainerError(
-                    f"nothing listens at the mdata scheduler address {address!r} (connection "
-                    f"refused for {refused_for:.0f}s: {exc.strerror}); check the address `mdata "
+                    f"cannot reach the mdata scheduler at {address!r}: nothing listens there "
+                    f"(connection refused for {refused_for:.0f}s); check the address `mdata "
                     "cluster up` printed (or your dask scheduler's) and that the cluster is up"
                 ) from None
         except OSError:  # unreachable host, DNS, a timeout: Dask's connect reports it with its timeout
