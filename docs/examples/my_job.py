@@ -29,7 +29,7 @@ from mdata.mesh import ClientPlaceTree
 from mdata.plan import Plan
 from mdata.sources import FieldKind, SampleOutput, SampleTransform, Source, TokenizeText
 
-JOB = "quickstart"
+JOB = "default"  # the name `mdata cluster up --plan`, train.py and the Loader default to
 
 
 @functools.cache

@@ -42,9 +42,11 @@ from mdata.trainer.patience import Patience
 from mdata.trainer.scheduler_loss import detach_quietly
 from mdata.trainer.environment import default_device, rank_from_env
 from mdata.trainer.fetch import BatchMoved, fetch_slice
+from mdata.trainer.job_wait import wait_for_job
+from mdata.trainer.reach import check_listening
 from mdata.wire.messages import (
     AckRequest, AttachRequest, BatchLocation, BatchLocationRequest, DetachRequest, JobInfo,
-    JobInfoRequest, JobsRequest, ReportMetricsRequest, Status, ask_sync,
+    ReportMetricsRequest, Status, ask_sync,
 )
 
 __all__ = ["Loader", "default_device"]
@@ -55,6 +57,7 @@ def _connect(address_or_client, timeout: float, security=None):
 
     if hasattr(address_or_client, "scheduler") and hasattr(address_or_client, "sync"):
         return address_or_client, False
+    check_listening(str(address_or_client))  # nothing there: one line in seconds, not the timeout
     try:
         client = Client(address_or_client, direct_to_workers=True, timeout=timeout,
                         set_as_default=False, security=security)
@@ -189,16 +192,7 @@ class Loader:
                 time.sleep(0.25)
 
     def _wait_for_job(self, job: str) -> JobInfo:
-        deadline = time.monotonic() + self.timeout
-        while True:
-            if job in ask_sync(self.client, JobsRequest()).jobs:
-                return ask_sync(self.client, JobInfoRequest(job))
-            if time.monotonic() > deadline:
-                raise TrainerTimeoutError(
-                    f"rank {self.rank}: job {job!r} was not registered within {self.timeout:.0f}s; "
-                    "pass plan= to the Loader or call mdata.driver.submit_job first"
-                )
-            time.sleep(0.2)
+        return wait_for_job(self.client, job, self.rank, self.timeout)  # says which jobs exist
 
     def _validate_mesh(self, info: JobInfo) -> None:
         if info.world_size != self.world_size:

@@ -1,0 +1,55 @@
+"""Fail fast, in one line, when nothing listens at the scheduler's address.
+
+Dask's ``Client`` retries a refused connection until its timeout (the Loader's, 120 s by default),
+logging as it goes; a wrong port or a cluster that is not up then costs every rank two minutes and
+a screen of tracebacks. Before connecting, the Loader opens a plain TCP connection to the address:
+refused for :data:`REFUSED_FOR_S` seconds (a scheduler still starting gets that long), it raises a
+:class:`~mdata.errors.TrainerError` naming the address. An address that does answer, or one this
+check cannot read (not ``tcp://`` or ``tls://``), is left to Dask's own connect and its timeout.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+
+from mdata.errors import TrainerError
+
+__all__ = ["check_listening", "REFUSED_FOR_S"]
+
+REFUSED_FOR_S = 5.0  # keep trying a refused address this long (a scheduler still starting)
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    scheme, sep, rest = address.partition("://")
+    if not sep:
+        scheme, rest = "tcp", address
+    if scheme not in ("tcp", "tls"):
+        return None
+    host, _, port = rest.rpartition(":")
+    host = host.strip("[]")
+    if not host or not port.isdigit():
+        return None
+    return host, int(port)
+
+
+def check_listening(address: str, refused_for: float = REFUSED_FOR_S) -> None:
+    """Raise :class:`TrainerError` when ``address`` refuses connections for ``refused_for`` s."""
+    hp = _host_port(address)
+    if hp is None:
+        return
+    deadline = time.monotonic() + refused_for
+    while True:
+        try:
+            with socket.create_connection(hp, timeout=min(5.0, max(refused_for, 0.5))):
+                return
+        except ConnectionRefusedError as exc:
+            if time.monotonic() >= deadline:
+                raise TrainerError(
+                    f"cannot reach the mdata scheduler at {address!r}: nothing listens there "
+                    f"(connection refused for {refused_for:.0f}s); check the address `mdata "
+                    "cluster up` printed (or your dask scheduler's) and that the cluster is up"
+                ) from None
+        except OSError:  # unreachable host, DNS, a timeout: Dask's connect reports it with its timeout
+            return
+        time.sleep(0.25)
