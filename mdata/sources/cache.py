@@ -14,10 +14,10 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from mdata.errors import ListingChangedError
+from mdata.errors import ListingChangedError, StorageUnavailableError
 from mdata.sources.listing import list_shards_resolved, shard_names
 from mdata.sources.readers import reader_class
-from mdata.sources.retry import RetryPolicy, retry_storage
+from mdata.sources.retry import RetryPolicy, naming_shard, retry_storage
 from mdata.sources.shard_reader import ShardReader
 from mdata.sources.shards import ShardInfo, SourceListing, listing_digest
 
@@ -114,14 +114,19 @@ class ReaderCache:
         reading a source that grew since); otherwise :class:`ListingChangedError` names the shard.
         """
         digest, name, rows = expected
-        entry = self._listed(source)
+        try:
+            entry = self._listed(source)
+            if entry.digest != digest and digest not in entry.unmatched:
+                entry = self._relist(source, entry)
+                if entry.digest != digest:
+                    entry.unmatched.add(digest)
+        except StorageUnavailableError as exc:  # a restarted loader lists first: name the shard
+            named = naming_shard(exc, shard)
+            if named is exc:
+                raise
+            raise named from exc.__cause__
         if entry.digest == digest:
             return
-        if digest not in entry.unmatched:
-            entry = self._relist(source, entry)
-            if entry.digest == digest:
-                return
-            entry.unmatched.add(digest)
         index = int(shard)
         if 0 <= index < len(entry.names) and entry.names[index] == name \
                 and entry.listing.shards[index].num_rows == rows:

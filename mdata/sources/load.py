@@ -20,6 +20,7 @@ from mdata.errors import (
     SourceError,
 )
 from mdata.sources.chunk import SampleChunk, SkippedSample
+from mdata.sources.retry import naming_shard
 from mdata.sources.cache import ReaderCache, default_reader_cache
 from mdata.sources.spec import Source
 from mdata.sources.transforms import ChunkContext, SampleOutput
@@ -56,10 +57,10 @@ def load_chunk(
     try:
         info = cache.listing(source).shard(shard)
     except StorageUnavailableError as exc:  # a fresh loader lists on its first load: name the shard
-        if exc.shard is not None:
+        named = naming_shard(exc, shard)
+        if named is exc:
             raise
-        raise StorageUnavailableError(exc.message, source=exc.source, shard=int(shard),
-                                      hint=exc.hint) from exc.__cause__
+        raise named from exc.__cause__
     shard = info.index  # a plain int from here on (the Planner may pass numpy integers)
     _check_range(source, info.path, info.num_rows, start, stop)
     start, stop = int(start), int(stop)

@@ -80,6 +80,18 @@ class RetryPolicy:
         return ceiling * (0.5 + 0.5 * (rng or random).random())
 
 
+def naming_shard(exc: StorageUnavailableError, shard: int) -> StorageUnavailableError:
+    """``exc`` with ``shard`` filled in when it names none.
+
+    A fresh or restarted loader lists its source on its first load; an outage then fails the
+    listing, which knows no shard. The trainer should still learn which shard it was waiting on."""
+    if exc.shard is not None:
+        return exc
+    named = StorageUnavailableError(exc.message, source=exc.source, shard=int(shard), hint=exc.hint)
+    named.__cause__ = exc.__cause__
+    return named
+
+
 def _describe(exc: BaseException) -> str:
     text = f"{type(exc).__name__}: {exc}"
     return text if len(text) <= 500 else text[:497] + "..."

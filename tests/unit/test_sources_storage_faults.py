@@ -384,6 +384,18 @@ def test_a_load_that_must_list_first_names_the_shard_it_was_loading(flaky):
     assert storage_waits() == {}
 
 
+def test_a_listing_check_that_must_list_first_names_the_shard_it_was_loading(flaky):
+    """A restarted loader checks the job's listing before it loads (shards appended since): when
+    that listing meets an outage, the error names the shard the task was for, as a load does."""
+    source, outage, _ = flaky
+    outage.down()
+    with pytest.raises(StorageUnavailableError,
+                       match=r"source 'web', shard 1: storage unreachable while listing 'flaky://") as info:
+        ReaderCache(retry=short(0.2)).check_listing(source, 1, ("digest", "b.parquet", 8))
+    assert (info.value.source, info.value.shard) == ("web", 1)
+    assert storage_waits() == {}
+
+
 def test_a_corrupt_shard_is_reported_at_once_and_a_denied_one_is_not_called_corrupt(flaky, tmp_path):
     source, outage, _ = flaky
     data = (tmp_path / "a.parquet").read_bytes()
