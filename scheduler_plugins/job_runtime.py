@@ -32,12 +32,14 @@ from mdata.observe import SourceMeter, TrainerMeter
 from mdata.sources import SourceStorageWait
 from mdata.sources.shards import ListingExpectations
 from mdata.wire.messages import (
-    BatchLocation, BatchLocationReply, ChunkPull, ConstructSpec, PoolDecision, Status,
+    BatchLocationReply, ChunkPull, ConstructSpec, PoolDecision, Status,
     StatusCounters, StatusReply, StorageWaitInfo,
 )
 from mdata.planner.roster import Holder, TrainerRoster
 from mdata.wire.messages import AttachReply, AttachRequest
+from mdata.wire.host_location import LocationAsk
 from scheduler_plugins import rewind
+from scheduler_plugins.batch_locations import locate_many
 from scheduler_plugins.job_tasks import release_job_tasks_settled
 from scheduler_plugins.lineage_store import LineageStore
 from scheduler_plugins.planner_view import PlannerView
@@ -381,59 +383,13 @@ class JobRuntime:
 
     async def batch_location(self, rank: int, step: int, timeout: float, token: str = "",
                              generation: int = 0, delivered: int | None = None) -> BatchLocationReply:
-        """Long-poll until the batch of ``step`` for ``rank``'s DP group is built (or fails).
+        """Long-poll until the batch of ``step`` for ``rank``'s DP group is built (or fails)."""
+        asks = [LocationAsk(rank, token, generation, delivered)]
+        return (await locate_many(self, step, asks, timeout))[0]
 
-        A batch whose constructor died is being rebuilt: wait for it like for a new one."""
-        if token:
-            stale = self._stale(rank, token, generation)
-            if stale is not None:
-                return stale
-        if delivered is not None and not self._closed:
-            delivery = self._delivery(rank, delivered, token)
-            if delivery:
-                self._enqueue(delivery)  # queued now, before any later acknowledgement
-        key = (step, self.plan.mesh.coordinate(rank).dp)
-        began = time.monotonic()
-        deadline = began + timeout
-        try:
-            while True:
-                if not self._ready(key):
-                    try:
-                        await asyncio.wait_for(self._wait_ready(key), deadline - time.monotonic())
-                    except asyncio.TimeoutError:
-                        return BatchLocationReply(Status.TIMEOUT)
-                if token and generation != self.roster.generation:  # rewound while waiting
-                    return self._stale(rank, token, generation)
-                if self.failure is not None:
-                    return BatchLocationReply(Status.FAILED, reason=self.failure, error=self.failure_error)
-                if key in self.batch_errors:
-                    reason, error = self.batch_errors[key]
-                    return BatchLocationReply(Status.FAILED, reason=reason, error=error)
-                fut = self.batch_futures[key]
-                who_has = self.who_has(fut.key)
-                if who_has:
-                    break
-                self._rebuilding(key, fut)  # its constructor died: Dask recomputes it
-                if time.monotonic() > deadline:
-                    return BatchLocationReply(Status.TIMEOUT)
-                await asyncio.sleep(0.05)  # the client may not have heard of the loss yet
-        finally:
-            waited = time.monotonic() - began
-            self.wait_seconds[rank] += waited
-            self.trainer_meter.waited(rank, step, waited)
-        role = self.plan.mesh.role(rank)
-        checkpoint = self.view.checkpoint(step + 1)
-        if checkpoint is None:  # not in the view (asked again after every group consumed it)
-            checkpoint = (await self.read_state(
-                lambda state: state.checkpoint(step + 1, light=True))).to_dict()
-        return BatchLocationReply(Status.OK, BatchLocation(
-            key=tuple(fut.key),
-            who_has=tuple(who_has),
-            cp_rank=int(role.cp_rank),
-            receives_tokens=bool(role.receives_tokens),
-            receives_labels=bool(role.receives_labels),
-            checkpoint=checkpoint,
-        ))
+    async def locate_many(self, step: int, asks, timeout: float) -> list[BatchLocationReply]:
+        """:func:`scheduler_plugins.batch_locations.locate_many`: several ranks of one process."""
+        return await locate_many(self, step, asks, timeout)
 
     def _stale(self, rank: int, token: str, generation: int) -> BatchLocationReply | None:
         """A FAILED reply for a Loader that lost its rank or whose generation is over."""
@@ -451,18 +407,6 @@ class JobRuntime:
             logger.warning("mdata job %s: batch of step %d, DP rank %d was lost with its "
                            "constructor; rebuilding it", self.job, key[0], key[1])
             self._spawn(self._await_batch(key[0], key[1], fut))
-
-    async def _wait_ready(self, key) -> None:
-        while not self._ready(key):
-            waiters = {
-                asyncio.ensure_future(self.batch_ready[key].wait()),
-                asyncio.ensure_future(self.failed.wait()),
-            }
-            try:
-                await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-            finally:  # also when the long-poll itself is cancelled (timeout, trainer gone)
-                for waiter in waiters:
-                    waiter.cancel()
 
     async def acknowledge(self, rank: int, step: int, *, consumed: bool = True, token: str = "",
                           generation: int = 0, stalled_s: float = -1.0) -> None:

@@ -93,6 +93,7 @@ class PlannerPlugin(SchedulerPlugin):
         served = {
             msg.RegisterJobRequest: self.register_job,
             msg.BatchLocationRequest: self.batch_location,
+            msg.HostLocationRequest: self.host_location,
             msg.AckRequest: self.ack,
             msg.ReportMetricsRequest: self.report_metrics,
             msg.CheckpointRequest: self.checkpoint,
@@ -262,7 +263,38 @@ class PlannerPlugin(SchedulerPlugin):
     async def batch_location(self, req: msg.BatchLocationRequest) -> msg.BatchLocationReply:
         check_timeout(req.handler.value, req.timeout)
         runtime = self._ranked(req)
+        self._take_told(runtime, req.handler.value, req)
+        return await runtime.batch_location(req.rank, req.step, req.timeout,
+                                            req.token, req.generation, req.delivered)
+
+    async def host_location(self, req: msg.HostLocationRequest) -> msg.HostLocationReply:
+        """``batch_location`` for several ranks of one process; a bad or stale ask is answered
+        FAILED on its own (each rank raises its error), the others are served."""
         handler = req.handler.value
+        check_timeout(handler, req.timeout)
+        check_step(handler, req.step)
+        runtime = self._job(req.job)
+        answers: list[msg.BatchLocationReply | None] = [None] * len(req.asks)
+        asking: list[int] = []
+        for i, ask in enumerate(req.asks):
+            try:
+                check_rank(handler, ask.rank, runtime.plan.mesh.world_size)
+                check_lease(handler, ask.rank, ask.token)
+                self._take_told(runtime, handler, ask)
+            except MdataError as exc:
+                answers[i] = msg.BatchLocationReply(msg.Status.FAILED, reason=str(exc), error=exc)
+                continue
+            asking.append(i)
+        located = await runtime.locate_many(req.step, [req.asks[i] for i in asking], req.timeout)
+        for i, reply in zip(asking, located):
+            answers[i] = reply
+        return msg.HostLocationReply(tuple(answers))
+
+    @staticmethod
+    def _take_told(runtime: JobRuntime, handler: str, req: Any) -> None:
+        """What a location request tells besides asking: the step its rank received before and
+        the steps its loop consumed (``req``: a BatchLocationRequest or a LocationAsk), checked
+        and queued for the Planner, when it comes from the rank's current lease holder."""
         if (req.delivered is not None or req.consumed) and lease_is_current(runtime.roster, req):
             if req.delivered is not None:
                 check_received(handler, runtime.view, req.rank,
@@ -273,8 +305,6 @@ class PlannerPlugin(SchedulerPlugin):
             if req.consumed:
                 runtime.consumed_told(req.rank, req.consumed, req.token,
                                       check_stall(handler, req.rank, req.stalled_s))
-        return await runtime.batch_location(req.rank, req.step, req.timeout,
-                                            req.token, req.generation, req.delivered)
 
     async def ack(self, req: msg.AckRequest) -> msg.OkReply:
         runtime = self._ranked(req)

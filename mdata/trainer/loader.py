@@ -43,9 +43,10 @@ from mdata.trainer.scheduler_loss import detach_quietly
 from mdata.trainer.environment import default_device, rank_from_env
 from mdata.trainer.fetch import BatchMoved, fetch_slice
 from mdata.trainer.job_wait import wait_for_job
+from mdata.trainer.location_hub import LocationHub, hub_for, release as release_hub
 from mdata.trainer.reach import check_listening
 from mdata.wire.messages import (
-    AckRequest, AttachRequest, BatchLocation, BatchLocationRequest, DetachRequest, JobInfo,
+    AckRequest, AttachRequest, BatchLocation, DetachRequest, JobInfo, LocationAsk,
     ReportMetricsRequest, Status, ask_sync,
 )
 
@@ -138,6 +139,7 @@ class Loader:
         # when the batch was not ready yet): what the control plane costs a rank, kept bounded
         self.locate_seconds: deque[float] = deque(maxlen=4096)
         self._teller: ConsumptionTeller | None = None  # consumption, told off the loop (on attach)
+        self._hub: LocationHub | None = None  # location requests, with this client's other ranks
 
     @property
     def timeout(self) -> float:
@@ -165,6 +167,8 @@ class Loader:
             self._generation = lease.generation
             if self._teller is None:
                 self._teller = ConsumptionTeller(self._tell_consumed, name=f"mdata-consumed-{self.rank}")
+            if self._hub is None:  # ranks sharing this client ask where their batches are together
+                self._hub = hub_for(self.client, self.job)
             self._data = JobData(lease.job_data)
             self._next_step = lease.start_step
             self.info = {**info.to_msg(), "start_step": lease.start_step}
@@ -319,10 +323,9 @@ class Loader:
             asked = time.monotonic()
             consumed = self._teller.take() if self._teller is not None else ()
             try:
-                reply = ask_sync(self.client, BatchLocationRequest(
-                    job=self.job, rank=self.rank, step=step, timeout=poll, token=self._token,
-                    generation=self._generation, delivered=delivered, consumed=consumed,
-                    stalled_s=self.wait_seconds))
+                reply = self._hub.locate(step, poll, LocationAsk(
+                    rank=self.rank, token=self._token, generation=self._generation,
+                    delivered=delivered, consumed=consumed, stalled_s=self.wait_seconds))
             except BaseException:
                 self._teller is None or self._teller.sent(consumed, ok=False)
                 raise
@@ -380,6 +383,9 @@ class Loader:
             if not self._patience.scheduler.disconnected():
                 teller.flush(timeout=2.0)
             teller.close()
+        hub, self._hub = getattr(self, "_hub", None), None
+        if hub is not None:
+            release_hub(hub)
         if getattr(self, "info", None) is not None and getattr(self, "client", None) is not None:
             # end the lease now, so another Loader may take the rank over at once (in 2 s at most)
             detach_quietly(self.client, DetachRequest(job=self.job, rank=self.rank, token=self._token))

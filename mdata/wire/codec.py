@@ -34,6 +34,7 @@ class Handler(str, enum.Enum):
     # scheduler: the Planner plugin
     REGISTER_JOB = "mdata_register_job"
     BATCH_LOCATION = "mdata_batch_location"
+    HOST_LOCATION = "mdata_host_location"  # the batch_location of every rank of one process at once
     ACK = "mdata_ack"
     REPORT_METRICS = "mdata_report_metrics"
     CHECKPOINT = "mdata_checkpoint"

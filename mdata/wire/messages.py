@@ -7,6 +7,7 @@ handler (:class:`Handler`)  request                    reply
 ``mdata_job_info``          JobInfoRequest             JobInfo
 ``mdata_jobs``              JobsRequest                JobsReply (a list of names)
 ``mdata_batch_location``    BatchLocationRequest       BatchLocationReply (OK/timeout/failed)
+``mdata_host_location``     HostLocationRequest        HostLocationReply (one BatchLocationReply each)
 ``mdata_ack``               AckRequest                 OkReply
 ``mdata_report_metrics``    ReportMetricsRequest       OkReply
 ``mdata_checkpoint``        CheckpointRequest          CheckpointReply (``Checkpoint.to_dict()``)
@@ -23,8 +24,8 @@ handler (:class:`Handler`)  request                    reply
 (construct task argument)   ConstructSpec              the task's result stays on the worker
 ==========================  =========================  ==========================================
 
-The first twelve are served by the Planner on the scheduler, the rest by mdata's worker
-plugin. A request's ``to_msg()`` is the handler's keyword arguments, so the handlers still answer
+Those down to ``mdata_close_job`` (and ``mdata_attach``, ``mdata_detach``, ``mdata_scaler_report``)
+are served by the Planner on the scheduler, the rest by mdata's worker plugin. A request's ``to_msg()`` is the handler's keyword arguments, so the handlers still answer
 plain calls (``client.scheduler.mdata_status(job=...)`` in a notebook) with the same data as ever.
 
 The sender calls :func:`ask` (or :func:`ask_sync` from a thread that is not the client's loop);
@@ -49,6 +50,7 @@ from mdata.wire.delivery import (
     AckRequest, BatchLocation, BatchLocationReply, BatchLocationRequest, GetBatchReply,
     GetBatchRequest, ReportMetricsRequest,
 )
+from mdata.wire.host_location import HostLocationReply, HostLocationRequest, LocationAsk
 from mdata.wire.errors import MessageError, NoHandlerError, error_from_msg, error_to_msg
 from mdata.wire.timeouts import reply_timeout, within
 from mdata.wire.inspection import (
@@ -80,6 +82,7 @@ __all__ = [
     # delivery
     "BatchLocationRequest", "BatchLocation", "BatchLocationReply", "AckRequest",
     "ReportMetricsRequest", "GetBatchRequest", "GetBatchReply",
+    "HostLocationRequest", "HostLocationReply", "LocationAsk",
     # trainers' leases
     "AttachRequest", "AttachReply", "DetachRequest",
     # construct
@@ -99,7 +102,8 @@ R = TypeVar("R", bound=Request)
 CATALOGUE: dict[Handler, type[Request]] = {
     cls.handler: cls
     for cls in (
-        RegisterJobRequest, JobInfoRequest, JobsRequest, BatchLocationRequest, AckRequest,
+        RegisterJobRequest, JobInfoRequest, JobsRequest, BatchLocationRequest, HostLocationRequest,
+        AckRequest,
         ReportMetricsRequest, CheckpointRequest, StatusRequest, StoryRequest, LineageRequest,
         WhoHasRequest, CloseJobRequest, TakeRowsRequest, TakeRowsManyRequest, GetBatchRequest,
         AttachRequest,

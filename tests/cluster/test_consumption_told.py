@@ -31,12 +31,14 @@ def test_every_consumed_step_reaches_the_planner_mostly_with_location_requests(
             .distribute(ClientPlaceTree(dp=2, tp=2)).seed(5).window(2))
     submit_job(client, plan, job="told")
     told: dict[int, dict] = {}
+    hubs: dict[int, object] = {}
     errors: list[BaseException] = []
 
     def rank_loop(rank: int) -> None:
         try:
             with Loader(client, job="told", rank=rank, world_size=4, steps=STEPS, timeout=60) as loader:
                 for _ in loader:
+                    hubs[rank] = loader._hub
                     loader.mark_consumed()  # returns without waiting for the scheduler
                 loader.close()  # sends what no location request carried: nothing is lost
                 told[rank] = dict(loader._teller.told)
@@ -57,4 +59,9 @@ def test_every_consumed_step_reaches_the_planner_mostly_with_location_requests(
     # location requests carried some (how many depends on whether data or the loop is ahead:
     # the last steps, after the prefetcher's last request, always go alone)
     assert sum(c["carried"] for c in told.values()) >= 1, told
+    # the four ranks share one client, so they asked where their batches are together: one
+    # hub, fewer requests than asks (each rank asked at least once per step)
+    assert len({id(hub) for hub in hubs.values()}) == 1
+    hub = next(iter(hubs.values()))
+    assert hub.asks >= 4 * STEPS and hub.requests < hub.asks, (hub.requests, hub.asks)
     JobHandle(client, "told").close()

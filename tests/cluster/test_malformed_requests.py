@@ -22,7 +22,8 @@ from mdata.plan import Plan
 from mdata.trainer import Loader
 from mdata.wire.errors import InvalidRequestError
 from mdata.wire.messages import (
-    AckRequest, BatchLocationRequest, CloseJobRequest, ReportMetricsRequest, ask_sync,
+    AckRequest, BatchLocationRequest, CloseJobRequest, HostLocationRequest, LocationAsk,
+    ReportMetricsRequest, Status, ask_sync,
 )
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
@@ -82,6 +83,15 @@ def _malformed(intruder, job: str, lease: Loader, balanced: int) -> dict[str, Ba
         intruder.sync(intruder.scheduler.mdata_ack, **raw)
     except Exception as exc:  # noqa: BLE001
         errors["NaN stall"] = exc
+    # several ranks' asks in one request: each wrong one is answered with its own error
+    host = ask_sync(intruder, HostLocationRequest(job=job, step=balanced, timeout=0.5, asks=(
+        LocationAsk(rank=1),
+        LocationAsk(rank=0, token=token, generation=gen, delivered=ahead),
+        LocationAsk(rank=99, token=token, generation=gen))))
+    for name, answer in zip(("host: token-less", "host: delivered ahead", "host: rank outside"),
+                            host.answers):
+        errors[name] = (answer.failure(name) if answer.status is Status.FAILED
+                        else AssertionError(f"answered {answer.status.value}"))
     return errors
 
 
@@ -130,6 +140,9 @@ def test_malformed_requests_get_typed_errors_and_the_job_runs_on(mdata_cluster, 
     expect("metrics ahead", InvalidRequestError, "is not balanced yet")
     expect("close by a stranger", CallerRefusedError, "was not registered by client")
     expect("close by nobody", CallerRefusedError, "names no client")
+    expect("host: token-less", InvalidRequestError, "mdata_host_location: rank 1: the request carries no lease token")
+    expect("host: delivered ahead", InvalidRequestError, "delivered")
+    expect("host: rank outside", InvalidRequestError, "rank 99 is outside the job's world of 2 ranks")
     # the healthy ranks saw nothing of it: the job never failed, and every rank received
     # exactly the samples of the uninterrupted run, step by step
     assert status["failure"] is None, status["failure"]

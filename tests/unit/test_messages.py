@@ -104,6 +104,13 @@ MESSAGES = [
     m.BatchLocationReply(m.Status.OK, location()),
     m.BatchLocationReply(m.Status.TIMEOUT),
     m.BatchLocationReply(m.Status.FAILED, reason="building step 5 failed: bug"),
+    m.HostLocationRequest(job="pretrain", step=5, timeout=2.0, asks=(
+        m.LocationAsk(rank=3, token="t0k", generation=1),
+        m.LocationAsk(rank=4, token="t1k", generation=1, delivered=4, consumed=(3, 4), stalled_s=0.5))),
+    m.HostLocationReply((m.BatchLocationReply(m.Status.OK, location()), m.BatchLocationReply(m.Status.TIMEOUT),
+                         m.BatchLocationReply(m.Status.OK, location()),
+                         m.BatchLocationReply(m.Status.FAILED, reason="rank 9 is taken"))),
+    m.HostLocationReply(()),
     m.AckRequest(job="pretrain", rank=3, step=5),
     m.AckRequest(job="pretrain", rank=3, step=5, consumed=False, token="t0k", generation=2),
     m.BatchLocationRequest(job="pretrain", rank=3, step=5, timeout=2.0, token="t0k", generation=1),
@@ -164,7 +171,7 @@ def test_every_message_survives_to_msg_and_msgpack(message):
 def test_the_catalogue_names_every_handler_once_with_its_reply():
     assert set(m.CATALOGUE) == set(m.Handler)
     assert {h.value for h in m.Handler} == {
-        "mdata_register_job", "mdata_batch_location", "mdata_ack", "mdata_report_metrics",
+        "mdata_register_job", "mdata_batch_location", "mdata_host_location", "mdata_ack", "mdata_report_metrics",
         "mdata_checkpoint", "mdata_story", "mdata_lineage", "mdata_status", "mdata_jobs",
         "mdata_job_info", "mdata_who_has", "mdata_close_job", "mdata_take_rows",
         "mdata_take_rows_many", "mdata_get_batch",
@@ -175,6 +182,19 @@ def test_the_catalogue_names_every_handler_once_with_its_reply():
         assert request.handler is handler and issubclass(request.reply, m.Message)
     assert m.BatchLocationRequest.reply is m.BatchLocationReply
     assert m.StatusRequest.reply is m.StatusReply and m.AckRequest.reply is m.OkReply
+
+
+def test_a_host_reply_carries_the_steps_checkpoint_once():
+    """Every rank of a process gets the same checkpoint: it travels once, and each rank's answer
+    reads it back whole."""
+    ok = m.BatchLocationReply(m.Status.OK, location())
+    reply = m.HostLocationReply((ok, m.BatchLocationReply(m.Status.TIMEOUT), ok))
+    raw = reply.to_msg()
+    assert raw["checkpoint"] == checkpoint().to_dict()
+    assert ["checkpoint" in answer for answer in raw["answers"]] == [False, False, False]
+    back = m.HostLocationReply.from_msg(through_msgpack(raw))
+    assert [a.status for a in back.answers] == [m.Status.OK, m.Status.TIMEOUT, m.Status.OK]
+    assert back.answers[2].location.checkpoint == checkpoint().to_dict()
 
 
 def test_request_messages_are_the_handlers_keyword_arguments():

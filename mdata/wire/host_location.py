@@ -1,0 +1,118 @@
+"""One location request for every rank of one process: the scheduler sees hosts, not ranks.
+
+Ranks that share one Dask client (threads of one trainer process, a per-host JAX-style driver,
+the control-plane benchmark's simulated hosts) ask where their batches are together: one
+:class:`HostLocationRequest` per process and step carries each rank's :class:`LocationAsk` (its
+lease, the step it received before, the steps its loop consumed), and one
+:class:`HostLocationReply` answers each in the asks' order with the reply a lone
+:class:`~mdata.wire.delivery.BatchLocationRequest` would have had. The step's checkpoint, the
+same for every rank, travels once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from mdata.wire.codec import (
+    Handler, Message, Reader, Request, Status, check_dict, check_float, check_int, check_list,
+    check_str,
+)
+from mdata.wire.delivery import BatchLocationReply
+
+__all__ = ["LocationAsk", "HostLocationRequest", "HostLocationReply"]
+
+
+@dataclass(frozen=True)
+class LocationAsk(Message):
+    """One rank's part of a :class:`HostLocationRequest`: the fields of a
+    :class:`~mdata.wire.delivery.BatchLocationRequest` that belong to the rank."""
+
+    rank: int
+    token: str = ""
+    generation: int = 0
+    delivered: int | None = None
+    consumed: tuple[int, ...] = ()
+    stalled_s: float = -1.0
+
+    def to_msg(self) -> dict[str, Any]:
+        out = {"rank": self.rank, "token": self.token, "generation": self.generation,
+               "delivered": self.delivered}
+        if self.consumed:
+            out["consumed"] = [int(s) for s in self.consumed]
+            out["stalled_s"] = self.stalled_s
+        return out
+
+    @classmethod
+    def from_msg(cls, msg: Any) -> "LocationAsk":
+        r = Reader(cls.__name__, msg)
+        out = cls(r.int("rank"), check_str(r.raw("token", ""), r, "token"),
+                  check_int(r.raw("generation", 0), r, "generation"),
+                  r.optional("delivered", check_int),
+                  check_list(r.raw("consumed", []), r, "consumed", check_int),
+                  check_float(r.raw("stalled_s", -1.0), r, "stalled_s"))
+        r.done()
+        return out
+
+
+@dataclass(frozen=True)
+class HostLocationReply(Message):
+    """One :class:`~mdata.wire.delivery.BatchLocationReply` per ask, in the request's order."""
+
+    answers: tuple[BatchLocationReply, ...]
+
+    def to_msg(self) -> dict[str, Any]:
+        shared = next((a.location.checkpoint for a in self.answers if a.location is not None), None)
+        answers = []
+        for answer in self.answers:
+            out = answer.to_msg()
+            mine = None if answer.location is None else answer.location.checkpoint
+            if mine is not None and (mine is shared or mine == shared):
+                del out["checkpoint"]  # sent once, below
+            answers.append(out)
+        return {"answers": answers, "checkpoint": shared}
+
+    @classmethod
+    def from_msg(cls, msg: Any) -> "HostLocationReply":
+        r = Reader(cls.__name__, msg)
+        shared = r.raw("checkpoint", None)
+        if shared is not None:
+            check_dict(shared, r, "checkpoint")
+
+        def answer(value: Any, _r: Reader, _name: str) -> BatchLocationReply:
+            if isinstance(value, dict) and value.get("status") == Status.OK.value \
+                    and "checkpoint" not in value:
+                value = {**value, "checkpoint": shared}
+            return BatchLocationReply.from_msg(value)
+
+        out = cls(r.list("answers", answer))
+        r.done()
+        return out
+
+
+@dataclass(frozen=True)
+class HostLocationRequest(Request):
+    """Long poll of several ranks of one process for the same ``step``: answered when their
+    batches are built (the ones ready by then; the others ``TIMEOUT``, to ask again), within
+    ``timeout`` seconds. Each ask is checked on its own: a bad or stale one is answered
+    ``FAILED`` without failing the others."""
+
+    handler = Handler.HOST_LOCATION
+    reply = HostLocationReply
+
+    job: str
+    step: int
+    timeout: float
+    asks: tuple[LocationAsk, ...]
+
+    def to_msg(self) -> dict[str, Any]:
+        return {"job": self.job, "step": self.step, "timeout": self.timeout,
+                "asks": [ask.to_msg() for ask in self.asks]}
+
+    @classmethod
+    def from_msg(cls, msg: Any) -> "HostLocationRequest":
+        r = Reader(cls.__name__, msg)
+        out = cls(r.str("job"), r.int("step"), r.float("timeout"),
+                  r.list("asks", lambda value, _r, _name: LocationAsk.from_msg(value)))
+        r.done()
+        return out
