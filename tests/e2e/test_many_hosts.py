@@ -106,11 +106,11 @@ def run_job(hosts, tmp_path, *, tls: bool, cut: bool = False) -> dict[int, list[
     tls_args: list[str] = []
     trainer_tls: list[str] = []
     if tls:
-        from test_deploy_dask_cli import make_certificates
+        from mdata.driver.tls import make_certificates  # what `mdata cluster up --tls-auto` makes
 
-        certs = make_certificates(tmp_path)  # Dask checks the CA, not the host name
+        certs = make_certificates(tmp_path, [h.ip for h in cluster], client=False)
         for host in cluster:
-            for kind, path in certs.items():
+            for kind, path in (("ca", certs.ca_file), ("cert", certs.cert), ("key", certs.key)):
                 shutil.copy(path, host.path(f"/tmp/{kind}.pem"))
         tls_args = ["--tls-ca-file", "/tmp/ca.pem", "--tls-cert", "/tmp/cert.pem",
                     "--tls-key", "/tmp/key.pem"]
