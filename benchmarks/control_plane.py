@@ -27,6 +27,10 @@ Figures (``control.*``):
 * ``loop_blocked_ms_p99``: the scheduler's event loop's longest blocked interval per step (a probe
   coroutine on the loop measures how late its 5 ms sleeps wake), p99 over steps, at the largest
   fixed-DP world;
+* ``asks_per_request``: location asks per request at the largest fixed-DP world (ranks that share
+  a client ask together, :mod:`mdata.trainer.location_hub`); ``scheduler_cpu_ms_per_step_<n>_ranks_alone``:
+  the same world with every rank asking alone (``mdata.trainer.location-gather`` 0, the protocol
+  before), and ``host_requests_cpu_ratio`` the first over the default, both in the same run;
 * ``steps_per_s_<n>``: steps per second the ranks reached (bounded here by 2 shared cores, not by
   the protocol alone).
 
@@ -170,8 +174,10 @@ def _next_result(results, hosts, cluster_pid: int, deadline: float) -> dict:
                 raise RuntimeError("the trainer hosts did not finish in time") from None
 
 
-def sweep_point(address: str, pid: int, sources, *, n: int, dp: int, steps: int, job: str) -> dict:
-    """Run ``n`` ranks (DP ``dp``, TP ``n // dp``) for ``steps`` steps; what the scheduler spent."""
+def sweep_point(address: str, pid: int, sources, *, n: int, dp: int, steps: int, job: str,
+                gather_s: float | None = None) -> dict:
+    """Run ``n`` ranks (DP ``dp``, TP ``n // dp``) for ``steps`` steps; what the scheduler spent.
+    ``gather_s``: the hosts' ``mdata.trainer.location-gather`` (None: the default)."""
     from distributed import Client
 
     from benchmarks.control_hosts import run_host
@@ -186,7 +192,7 @@ def sweep_point(address: str, pid: int, sources, *, n: int, dp: int, steps: int,
         results = ctx.Queue()
         procs = [ctx.Process(target=run_host, daemon=True,
                              args=(address, job, list(range(h * per_host, min(n, (h + 1) * per_host))),
-                                   n, steps, TIMEOUT, results))
+                                   n, steps, TIMEOUT, results, gather_s))
                  for h in range(hosts)]
         sampler = _CpuSampler(pid)
         sampler.start()
@@ -194,11 +200,14 @@ def sweep_point(address: str, pid: int, sources, *, n: int, dp: int, steps: int,
             p.start()
         records: dict[int, dict] = {}
         errors: list[str] = []
+        hubs: list[tuple[int, int]] = []  # (requests, asks) of each host's LocationHub
         deadline = time.monotonic() + TIMEOUT + 120
         for _ in procs:
             got = _next_result(results, procs, pid, deadline)
             records.update(got["ranks"])
             errors += got["errors"]
+            if got.get("hub") is not None:
+                hubs.append(tuple(got["hub"]))
         for p in procs:
             p.join(timeout=30)
         sampler.stop()
@@ -225,7 +234,9 @@ def sweep_point(address: str, pid: int, sources, *, n: int, dp: int, steps: int,
                     default=0.0) for i in range(int(window_steps))]
     locate = [s for r in records.values() for s in r["locate_s"][WARMUP:]]
     acks = [s for r in records.values() for s in r["ack_s"][WARMUP:]]
-    return {"n": n, "dp": dp, "cpu_ms_per_step": cpu_ms, "steps_per_s": window_steps / (end - start),
+    requests, asks = sum(h[0] for h in hubs), sum(h[1] for h in hubs)
+    return {"asks_per_request": asks / requests if requests else float("nan"),
+            "n": n, "dp": dp, "cpu_ms_per_step": cpu_ms, "steps_per_s": window_steps / (end - start),
             "locate_p50_ms": 1000 * _percentile(locate, 0.5), "locate_p99_ms": 1000 * _percentile(locate, 0.99),
             "ack_ms": 1000 * statistics.median(acks), "ack_p99_ms": 1000 * _percentile(acks, 0.99),
             "loop_blocked_p99_ms": 1000 * _percentile(per_step, 0.99)}
@@ -257,6 +268,10 @@ def run(quick: bool) -> dict:
                   for n in fixed]
         group_points = [sweep_point(address, proc.pid, sources, n=n, dp=n, steps=steps,
                                     job=f"control-dp{n}") for n in per_group]
+        # the same largest world with every rank asking alone (the protocol before ranks of one
+        # client asked together), measured in the same run
+        alone = sweep_point(address, proc.pid, sources, n=fixed[-1], dp=dp, steps=steps,
+                            job=f"control-{fixed[-1]}-alone", gather_s=0.0)
     except Exception as exc:
         raise RuntimeError(f"{exc}; the cluster's log ends: {log.read_text()[-1500:]}") from exc
     finally:
@@ -287,6 +302,13 @@ def run(quick: bool) -> dict:
                                          note=f"median, N={top['n']}"),
         "control.ack_ms_on_loop_p99": figure(top["ack_p99_ms"], unit="ms", note=f"N={top['n']}"),
         "control.loop_blocked_ms_p99": figure(top["loop_blocked_p99_ms"], unit="ms", note=f"N={top['n']}"),
+        "control.asks_per_request": figure(top["asks_per_request"], note=(
+            f"N={top['n']}, {MAX_RANKS_PER_HOST} ranks per host client: location asks per request")),
+        f"control.scheduler_cpu_ms_per_step_{top['n']}_ranks_alone": figure(
+            alone["cpu_ms_per_step"], unit="ms", note=f"DP {dp}, every rank asking alone (location-gather 0)"),
+        "control.host_requests_cpu_ratio": figure(
+            alone["cpu_ms_per_step"] / top["cpu_ms_per_step"] if top["cpu_ms_per_step"] else float("nan"),
+            goal="> 1", note=f"scheduler CPU per step at N={top['n']}: ranks asking alone / per host"),
     }
     for p in points:
         figures[f"control.scheduler_cpu_ms_per_step_{p['n']}"] = figure(p["cpu_ms_per_step"], unit="ms",

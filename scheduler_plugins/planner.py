@@ -94,6 +94,7 @@ class PlannerPlugin(SchedulerPlugin):
             msg.RegisterJobRequest: self.register_job,
             msg.BatchLocationRequest: self.batch_location,
             msg.HostLocationRequest: self.host_location,
+            msg.ConsumedRequest: self.consumed,
             msg.AckRequest: self.ack,
             msg.ReportMetricsRequest: self.report_metrics,
             msg.CheckpointRequest: self.checkpoint,
@@ -289,6 +290,26 @@ class PlannerPlugin(SchedulerPlugin):
         for i, reply in zip(asking, located):
             answers[i] = reply
         return msg.HostLocationReply(tuple(answers))
+
+    async def consumed(self, req: msg.ConsumedRequest) -> msg.ConsumedReply:
+        """What several ranks' training loops consumed (the steps no location request carried);
+        each tell is checked as an ack is, and a wrong one gets its own error back."""
+        handler = req.handler.value
+        runtime = self._job(req.job)
+        errors: list[MdataError | None] = []
+        for tell in req.tells:
+            try:
+                check_rank(handler, tell.rank, runtime.plan.mesh.world_size)
+                check_lease(handler, tell.rank, tell.token, runtime.roster, tell.generation)
+                for step in tell.steps:
+                    check_received(handler, runtime.view, tell.rank, check_step(handler, step))
+                runtime.consumed_told(tell.rank, tell.steps, tell.token,
+                                      check_stall(handler, tell.rank, tell.stalled_s))
+            except MdataError as exc:
+                errors.append(exc)
+                continue
+            errors.append(None)
+        return msg.ConsumedReply(tuple(errors))
 
     @staticmethod
     def _take_told(runtime: JobRuntime, handler: str, req: Any) -> None:

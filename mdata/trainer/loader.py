@@ -46,7 +46,7 @@ from mdata.trainer.job_wait import wait_for_job
 from mdata.trainer.location_hub import LocationHub, hub_for, release as release_hub
 from mdata.trainer.reach import check_listening
 from mdata.wire.messages import (
-    AckRequest, AttachRequest, BatchLocation, DetachRequest, JobInfo, LocationAsk,
+    AckRequest, AttachRequest, BatchLocation, ConsumedTell, DetachRequest, JobInfo, LocationAsk,
     ReportMetricsRequest, Status, ask_sync,
 )
 
@@ -247,13 +247,14 @@ class Loader:
             self._teller.note(step)  # returns at once; an earlier telling's error is raised here
 
     def _tell_consumed(self, steps: tuple[int, ...]) -> None:
-        """The teller's thread: consumption no location request carried in time, told alone."""
+        """The teller's thread: consumption no location request carried in time, told alone
+        (with the other ranks of this client that have some to tell)."""
+        hub = self._hub
+        if hub is None:  # closed meanwhile: the steps stay noted (close() flushed what it could)
+            raise TrainerError("loader closed")
         with self._patience.scheduler.calls():  # a lost scheduler: say so, at once
-            for step in steps:
-                ask_sync(self.client, AckRequest(job=self.job, rank=self.rank, step=step,
-                                                 consumed=True, token=self._token,
-                                                 generation=self._generation,
-                                                 stalled_s=self.wait_seconds))
+            hub.tell(ConsumedTell(rank=self.rank, steps=tuple(steps), token=self._token,
+                                        generation=self._generation, stalled_s=self.wait_seconds))
 
     def _prefetch_loop(self) -> None:
         from mdata.trainer.tensors import batch_to_torch

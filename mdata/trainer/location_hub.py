@@ -1,4 +1,4 @@
-"""Loaders that share one Dask client ask where their batches are together.
+"""Loaders that share one Dask client ask where their batches are, and tell what they consumed, together.
 
 The scheduler's cost per training step is mostly per message: decoding it, dispatching it,
 encoding the answer (the step's checkpoint included). Ranks in one process (threads that share a
@@ -7,6 +7,10 @@ at nearly the same time, so they share one :class:`LocationHub` per client and j
 rank to ask for a step waits a moment (``gather_s``, or until every member rank asked) for the
 others, then sends one :class:`~mdata.wire.host_location.HostLocationRequest` for all of them and
 hands each rank its own answer. A rank alone in its process asks at once, without waiting.
+
+Consumption that no location request carried (the Loaders' teller threads,
+:mod:`mdata.trainer.consumption`) is gathered the same way into one
+:class:`~mdata.wire.host_location.ConsumedRequest`.
 
 Ranks whose batches were not ready by the answer get ``TIMEOUT`` and simply ask again (with
 whoever asks for that step next); a request that fails (the scheduler is gone) fails every rank
@@ -20,7 +24,7 @@ import time
 from typing import Any
 
 from mdata.wire.delivery import BatchLocationReply
-from mdata.wire.host_location import HostLocationRequest, LocationAsk
+from mdata.wire.host_location import ConsumedRequest, ConsumedTell, HostLocationRequest, LocationAsk
 from mdata.wire.messages import ask_sync
 
 __all__ = ["LocationHub", "hub_for"]
@@ -30,16 +34,16 @@ _hubs_lock = threading.Lock()
 
 
 class _Round:
-    """The asks for one step that go in one request, and their answers once it returns."""
+    """The asks (or tells) that go in one request, and their answers once it returns."""
 
     def __init__(self) -> None:
-        self.asks: list[LocationAsk] = []
+        self.asks: list[Any] = []
         self.polls: list[float] = []
-        self.answers: tuple[BatchLocationReply, ...] | None = None
+        self.answers: tuple[Any, ...] | None = None
         self.error: BaseException | None = None
         self.done = threading.Event()
 
-    def answer(self, index: int) -> BatchLocationReply:
+    def answer(self, index: int) -> Any:
         self.done.wait()
         if self.error is not None:
             raise self.error
@@ -55,7 +59,7 @@ class LocationHub:
         self.members = 0
         self.requests = 0  # sent so far, and the asks they carried: how well ranks were grouped
         self.asks = 0
-        self._open: dict[int, _Round] = {}  # step -> the round still gathering asks
+        self._open: dict[Any, _Round] = {}  # step (or "consumed") -> the round still gathering
         self._cond = threading.Condition()
 
     def join(self) -> None:
@@ -70,14 +74,32 @@ class LocationHub:
     def locate(self, step: int, poll: float, ask: LocationAsk) -> BatchLocationReply:
         """The answer to ``ask`` for ``step``, asked with this process' other ranks; ``poll``:
         the longest this rank may long-poll."""
+        def send(asks: tuple, polls: list[float]) -> tuple:
+            return ask_sync(self.client, HostLocationRequest(
+                job=self.job, step=step, timeout=min(polls), asks=asks)).answers
+
+        return self._together(step, ask, float(poll), send)
+
+    def tell(self, tell: ConsumedTell) -> None:
+        """Tell ``tell`` with this process' other ranks' consumption; raises its own error."""
+        def send(tells: tuple, _polls: list[float]) -> tuple:
+            return ask_sync(self.client, ConsumedRequest(job=self.job, tells=tells)).errors
+
+        error = self._together("consumed", tell, 0.0, send)
+        if error is not None:
+            raise error
+
+    def _together(self, key: Any, item: Any, poll: float, send) -> Any:
+        """Put ``item`` in the open round of ``key`` (opening it, and then leading it, when there
+        is none); the leader gathers for a moment, sends the round, and each gets its answer."""
         with self._cond:
-            round_ = self._open.get(step)
+            round_ = self._open.get(key)
             leader = round_ is None
             if leader:
-                round_ = self._open[step] = _Round()
+                round_ = self._open[key] = _Round()
             index = len(round_.asks)
-            round_.asks.append(ask)
-            round_.polls.append(float(poll))
+            round_.asks.append(item)
+            round_.polls.append(poll)
             self._cond.notify_all()
             if leader:
                 until = time.monotonic() + self.gather_s
@@ -86,25 +108,22 @@ class LocationHub:
                     if left <= 0:
                         break
                     self._cond.wait(left)
-                del self._open[step]  # later asks for this step start the next round
-                self.requests += 1
-                self.asks += len(round_.asks)
+                del self._open[key]  # later items start the next round
+                if key != "consumed":
+                    self.requests += 1
+                    self.asks += len(round_.asks)
         if leader:
-            self._send(step, round_)
+            try:
+                answers = send(tuple(round_.asks), round_.polls)
+                if len(answers) != len(round_.asks):
+                    raise RuntimeError(f"the scheduler answered {len(answers)} of "
+                                       f"{len(round_.asks)} asks of one request")
+                round_.answers = tuple(answers)
+            except BaseException as exc:  # every rank of the round hears it, in its own thread
+                round_.error = exc
+            finally:
+                round_.done.set()
         return round_.answer(index)
-
-    def _send(self, step: int, round_: _Round) -> None:
-        try:
-            reply = ask_sync(self.client, HostLocationRequest(
-                job=self.job, step=step, timeout=min(round_.polls), asks=tuple(round_.asks)))
-            if len(reply.answers) != len(round_.asks):
-                raise RuntimeError(f"the scheduler answered {len(reply.answers)} of "
-                                   f"{len(round_.asks)} location asks")
-            round_.answers = reply.answers
-        except BaseException as exc:  # every rank of the round hears it, in its own thread
-            round_.error = exc
-        finally:
-            round_.done.set()
 
 
 def hub_for(client: Any, job: str) -> LocationHub:

@@ -35,6 +35,7 @@ class Handler(str, enum.Enum):
     REGISTER_JOB = "mdata_register_job"
     BATCH_LOCATION = "mdata_batch_location"
     HOST_LOCATION = "mdata_host_location"  # the batch_location of every rank of one process at once
+    CONSUMED = "mdata_consumed"  # what the training loops of one process' ranks consumed
     ACK = "mdata_ack"
     REPORT_METRICS = "mdata_report_metrics"
     CHECKPOINT = "mdata_checkpoint"

@@ -1,4 +1,4 @@
-"""One location request for every rank of one process: the scheduler sees hosts, not ranks.
+"""One request for every rank of one process: the scheduler sees hosts, not ranks.
 
 Ranks that share one Dask client (threads of one trainer process, a per-host JAX-style driver,
 the control-plane benchmark's simulated hosts) ask where their batches are together: one
@@ -6,7 +6,9 @@ the control-plane benchmark's simulated hosts) ask where their batches are toget
 lease, the step it received before, the steps its loop consumed), and one
 :class:`HostLocationReply` answers each in the asks' order with the reply a lone
 :class:`~mdata.wire.delivery.BatchLocationRequest` would have had. The step's checkpoint, the
-same for every rank, travels once.
+same for every rank, travels once. Consumption that no location request carried goes the same
+way: one :class:`ConsumedRequest` per process carries each rank's :class:`ConsumedTell`, and its
+:class:`ConsumedReply` has each rank's error (a stale lease, a step not balanced) or none.
 """
 
 from __future__ import annotations
@@ -18,9 +20,12 @@ from mdata.wire.codec import (
     Handler, Message, Reader, Request, Status, check_dict, check_float, check_int, check_list,
     check_str,
 )
+from mdata.errors import MdataError
 from mdata.wire.delivery import BatchLocationReply
+from mdata.wire.errors import error_from_msg, error_to_msg
 
-__all__ = ["LocationAsk", "HostLocationRequest", "HostLocationReply"]
+__all__ = ["LocationAsk", "HostLocationRequest", "HostLocationReply", "ConsumedTell",
+           "ConsumedRequest", "ConsumedReply"]
 
 
 @dataclass(frozen=True)
@@ -114,5 +119,72 @@ class HostLocationRequest(Request):
         r = Reader(cls.__name__, msg)
         out = cls(r.str("job"), r.int("step"), r.float("timeout"),
                   r.list("asks", lambda value, _r, _name: LocationAsk.from_msg(value)))
+        r.done()
+        return out
+
+
+@dataclass(frozen=True)
+class ConsumedTell(Message):
+    """Rank ``rank``'s training loop consumed ``steps`` (ascending; each implies its delivery);
+    ``token``/``generation``: its Loader's lease; ``stalled_s`` as in
+    :class:`~mdata.wire.delivery.AckRequest`."""
+
+    rank: int
+    steps: tuple[int, ...]
+    token: str = ""
+    generation: int = 0
+    stalled_s: float = -1.0
+
+    def to_msg(self) -> dict[str, Any]:
+        return {"rank": self.rank, "steps": [int(s) for s in self.steps], "token": self.token,
+                "generation": self.generation, "stalled_s": self.stalled_s}
+
+    @classmethod
+    def from_msg(cls, msg: Any) -> "ConsumedTell":
+        r = Reader(cls.__name__, msg)
+        out = cls(r.int("rank"), r.list("steps", check_int),
+                  check_str(r.raw("token", ""), r, "token"),
+                  check_int(r.raw("generation", 0), r, "generation"),
+                  check_float(r.raw("stalled_s", -1.0), r, "stalled_s"))
+        r.done()
+        return out
+
+
+@dataclass(frozen=True)
+class ConsumedReply(Message):
+    """Per tell, in the request's order: the error it met (typed), or None when it was taken."""
+
+    errors: tuple[MdataError | None, ...]
+
+    def to_msg(self) -> dict[str, Any]:
+        return {"errors": [None if e is None else error_to_msg(e) for e in self.errors]}
+
+    @classmethod
+    def from_msg(cls, msg: Any) -> "ConsumedReply":
+        r = Reader(cls.__name__, msg)
+        out = cls(r.list("errors", lambda value, _r, _name: None if value is None
+                         else error_from_msg(value)))
+        r.done()
+        return out
+
+
+@dataclass(frozen=True)
+class ConsumedRequest(Request):
+    """What the training loops of several ranks of one process consumed, told together (the
+    steps no location request carried in time). Each tell is checked on its own."""
+
+    handler = Handler.CONSUMED
+    reply = ConsumedReply
+
+    job: str
+    tells: tuple[ConsumedTell, ...]
+
+    def to_msg(self) -> dict[str, Any]:
+        return {"job": self.job, "tells": [tell.to_msg() for tell in self.tells]}
+
+    @classmethod
+    def from_msg(cls, msg: Any) -> "ConsumedRequest":
+        r = Reader(cls.__name__, msg)
+        out = cls(r.str("job"), r.list("tells", lambda value, _r, _name: ConsumedTell.from_msg(value)))
         r.done()
         return out

@@ -8,6 +8,7 @@ handler (:class:`Handler`)  request                    reply
 ``mdata_jobs``              JobsRequest                JobsReply (a list of names)
 ``mdata_batch_location``    BatchLocationRequest       BatchLocationReply (OK/timeout/failed)
 ``mdata_host_location``     HostLocationRequest        HostLocationReply (one BatchLocationReply each)
+``mdata_consumed``          ConsumedRequest            ConsumedReply (each tell's error, or none)
 ``mdata_ack``               AckRequest                 OkReply
 ``mdata_report_metrics``    ReportMetricsRequest       OkReply
 ``mdata_checkpoint``        CheckpointRequest          CheckpointReply (``Checkpoint.to_dict()``)
@@ -50,7 +51,9 @@ from mdata.wire.delivery import (
     AckRequest, BatchLocation, BatchLocationReply, BatchLocationRequest, GetBatchReply,
     GetBatchRequest, ReportMetricsRequest,
 )
-from mdata.wire.host_location import HostLocationReply, HostLocationRequest, LocationAsk
+from mdata.wire.host_location import (
+    ConsumedReply, ConsumedRequest, ConsumedTell, HostLocationReply, HostLocationRequest, LocationAsk,
+)
 from mdata.wire.errors import MessageError, NoHandlerError, error_from_msg, error_to_msg
 from mdata.wire.timeouts import reply_timeout, within
 from mdata.wire.inspection import (
@@ -82,7 +85,8 @@ __all__ = [
     # delivery
     "BatchLocationRequest", "BatchLocation", "BatchLocationReply", "AckRequest",
     "ReportMetricsRequest", "GetBatchRequest", "GetBatchReply",
-    "HostLocationRequest", "HostLocationReply", "LocationAsk",
+    "HostLocationRequest", "HostLocationReply", "LocationAsk", "ConsumedRequest", "ConsumedReply",
+    "ConsumedTell",
     # trainers' leases
     "AttachRequest", "AttachReply", "DetachRequest",
     # construct
@@ -103,7 +107,7 @@ CATALOGUE: dict[Handler, type[Request]] = {
     cls.handler: cls
     for cls in (
         RegisterJobRequest, JobInfoRequest, JobsRequest, BatchLocationRequest, HostLocationRequest,
-        AckRequest,
+        ConsumedRequest, AckRequest,
         ReportMetricsRequest, CheckpointRequest, StatusRequest, StoryRequest, LineageRequest,
         WhoHasRequest, CloseJobRequest, TakeRowsRequest, TakeRowsManyRequest, GetBatchRequest,
         AttachRequest,

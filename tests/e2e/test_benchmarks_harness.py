@@ -69,4 +69,8 @@ def test_quick_run_reports_control_plane_figures(tmp_path: Path) -> None:
         assert figures[name] >= 0, name
     assert figures["control.locate_p99_ms"] >= figures["control.locate_p50_ms"]
     assert figures["control.max_ranks_at_1_step_per_s"] > 0
+    # the ranks of a host share a client, so they asked where their batches are together
+    assert figures["control.asks_per_request"] > 1
+    assert figures["control.scheduler_cpu_ms_per_step_32_ranks_alone"] > 0
+    assert figures["control.host_requests_cpu_ratio"] > 0
     assert "| control.scheduler_cpu_us_per_rank_step |" in proc.stdout

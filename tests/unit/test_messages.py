@@ -111,6 +111,10 @@ MESSAGES = [
                          m.BatchLocationReply(m.Status.OK, location()),
                          m.BatchLocationReply(m.Status.FAILED, reason="rank 9 is taken"))),
     m.HostLocationReply(()),
+    m.ConsumedRequest(job="pretrain", tells=(
+        m.ConsumedTell(rank=3, steps=(4, 5), token="t0k", generation=1, stalled_s=0.25),
+        m.ConsumedTell(rank=4, steps=(5,), token="t1k", generation=1))),
+    m.ConsumedReply((None, None)),
     m.AckRequest(job="pretrain", rank=3, step=5),
     m.AckRequest(job="pretrain", rank=3, step=5, consumed=False, token="t0k", generation=2),
     m.BatchLocationRequest(job="pretrain", rank=3, step=5, timeout=2.0, token="t0k", generation=1),
@@ -171,7 +175,7 @@ def test_every_message_survives_to_msg_and_msgpack(message):
 def test_the_catalogue_names_every_handler_once_with_its_reply():
     assert set(m.CATALOGUE) == set(m.Handler)
     assert {h.value for h in m.Handler} == {
-        "mdata_register_job", "mdata_batch_location", "mdata_host_location", "mdata_ack", "mdata_report_metrics",
+        "mdata_register_job", "mdata_batch_location", "mdata_host_location", "mdata_consumed", "mdata_ack", "mdata_report_metrics",
         "mdata_checkpoint", "mdata_story", "mdata_lineage", "mdata_status", "mdata_jobs",
         "mdata_job_info", "mdata_who_has", "mdata_close_job", "mdata_take_rows",
         "mdata_take_rows_many", "mdata_get_batch",
@@ -195,6 +199,15 @@ def test_a_host_reply_carries_the_steps_checkpoint_once():
     back = m.HostLocationReply.from_msg(through_msgpack(raw))
     assert [a.status for a in back.answers] == [m.Status.OK, m.Status.TIMEOUT, m.Status.OK]
     assert back.answers[2].location.checkpoint == checkpoint().to_dict()
+
+
+def test_a_consumed_reply_carries_each_tells_error_typed():
+    from mdata.wire.errors import InvalidRequestError
+
+    reply = m.ConsumedReply((None, InvalidRequestError("mdata_consumed: rank 4: step 5 is not balanced yet")))
+    back = m.ConsumedReply.from_msg(through_msgpack(reply.to_msg()))
+    assert back.errors[0] is None
+    assert type(back.errors[1]) is InvalidRequestError and "rank 4: step 5" in str(back.errors[1])
 
 
 def test_request_messages_are_the_handlers_keyword_arguments():
