@@ -258,7 +258,7 @@ def run(quick: bool) -> dict:
     corpus = corpus_dir()
     sources = example_sources(corpus)
     if quick:
-        fixed, per_group, dp, steps = (8, 32), (8, 32), 8, 8
+        fixed, per_group, dp, steps = (8, 24), (8, 24), 8, 7
     else:
         fixed, per_group, dp, steps = (16, 64, 256, 1024), (16, 64, 256), FIXED_DP, 12
     log = Path(tempfile.mkdtemp(prefix="mdata-control-")) / "cluster.log"

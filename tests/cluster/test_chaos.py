@@ -24,6 +24,7 @@ from faults import (
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 
 
+@pytest.mark.slow  # every fault test compares with the reference run, which would fail if it were not deterministic
 def test_reference_runs_are_identical(chaos_cluster, local_sources, tmp_path):
     """Two uninterrupted runs of one plan as fresh jobs (at the same time, on one cluster) give
     the same sequence on every rank: the comparison the chaos tests rest on is sound."""
@@ -35,6 +36,7 @@ def test_reference_runs_are_identical(chaos_cluster, local_sources, tmp_path):
     assert_exactly_once(first, plan.mesh, global_batch=GLOBAL_BATCH)
 
 
+@pytest.mark.slow  # a loader's kill -9: test_chaos_all_faults_in_one_run, test_failures.py, test_group_faults.py[loader-cp]
 def test_loader_kill_loses_nothing(chaos_cluster, local_sources, reference_run, tmp_path):
     """kill -9 the text loader holding the most chunks of the job (chunks upcoming steps still
     need) mid-run: the Planner has them loaded again (its status counts the reloads), the
@@ -98,6 +100,7 @@ def test_whole_cluster_loss_resumes_from_trainer_checkpoints(chaos_cluster, loca
     assert_exactly_once(got, plan.mesh, global_batch=GLOBAL_BATCH)
 
 
+@pytest.mark.slow  # storage outages: test_storage_outage.py, test_outage_past_timeouts.py, test_chaos_all_faults_in_one_run
 def test_s3_server_comes_back_with_its_data_and_serves_the_reference(chaos_cluster, s3_sources,
                                                                      s3_corpus, reference_run,
                                                                      example_corpus, tmp_path):

@@ -82,6 +82,7 @@ def assert_rewound(group: TrainerGroup, resume: int) -> None:
         assert [b.step for b in restarted.batches] == list(range(resume, END_STEP)), (rank, resume)
 
 
+@pytest.mark.slow  # one fault of test_chaos_all_faults_in_one_run, which runs by default
 def test_constructor_kill_loses_nothing(chaos_cluster, local_sources, reference_run, tmp_path):
     """kill -9 the only constructor mid-run: the batches it held (built, not yet pulled) are
     built again on its replacement and the trainers see the same sequence."""
@@ -101,6 +102,7 @@ def test_constructor_kill_loses_nothing(chaos_cluster, local_sources, reference_
     close_job(chaos_cluster.client(), group.job, plan)
 
 
+@pytest.mark.slow  # one fault of test_chaos_all_faults_in_one_run, which runs by default
 def test_trainer_kill_and_live_resume(chaos_cluster, local_sources, reference_run, tmp_path):
     """kill -9 one trainer at step ~12; the others are stopped, and every rank restarts from the
     last checkpoint all ranks saved, on the same live cluster and job: the job rewinds to that
@@ -121,6 +123,7 @@ def test_trainer_kill_and_live_resume(chaos_cluster, local_sources, reference_ru
     close_job(chaos_cluster.client(), group.job, plan)
 
 
+@pytest.mark.slow  # one fault of test_chaos_all_faults_in_one_run, which runs by default
 def test_storage_outage_is_waited_out(chaos_cluster, s3_sources, s3_corpus, reference_run, tmp_path):
     """The S3 server holding the shards crashes (kill -9) mid-run and stays down until the
     trainers starve, then OUTAGE_S more, and comes back with its data: loads fail meanwhile and

@@ -163,8 +163,10 @@ FAULTS = {"constructor": ("mdata_constructor", "batches_rebuilt"),
           "loader": ("pool_chat", "chunks_reloaded")}
 
 
-@pytest.mark.parametrize("fault, broadcast", [("constructor", "tp"), ("constructor", None),
-                                              ("loader", "cp")])
+@pytest.mark.parametrize("fault, broadcast", [
+    ("constructor", "tp"),
+    pytest.param("constructor", None, marks=pytest.mark.slow),  # [constructor-tp] kills the same way
+    ("loader", "cp")])
 def test_a_worker_killed_between_the_ranks_of_a_group_loses_and_repeats_nothing(
         group_cluster, fault, broadcast):
     """The constructor (or the only loader) is killed while the batches of steps 0..FETCHED are

@@ -25,6 +25,7 @@ from mdata.plan import Plan
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
 
 
+@pytest.mark.slow  # pools following the Planner's targets: test_failures.py::test_pools_scale_one_by_one_and_follow_the_planners_targets
 def test_pools_follow_a_mixture_shift_without_stalling_the_trainer(tmp_path):
     out = run_shift(steps=130, shift_step=60, step_s=0.25, interval=1.0, data_dir=tmp_path)
     assert out["scaler_errors"] == 0

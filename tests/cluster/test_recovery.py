@@ -128,6 +128,7 @@ def kill_the_constructor(client, job: str, step: int) -> None:
     os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.slow  # a constructor's kill -9: test_group_faults.py[constructor-tp], test_chaos_all_faults_in_one_run
 def test_losing_the_constructor_loses_no_sample(constructor_cluster, example_sources_small):
     """kill -9 the constructor worker mid-run: the nanny restarts it, the batches it held are
     rebuilt, trainers locate them again and receive exactly the uninterrupted sequence."""

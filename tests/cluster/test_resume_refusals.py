@@ -56,6 +56,7 @@ def foreign_states(client, sources, *, job: str) -> dict[int, dict]:
     return states
 
 
+@pytest.mark.slow  # the same story with a kill -9 of a real trainer process: test_resume_refusal_kill.py
 def test_a_rank_restarted_with_an_incompatible_checkpoint_fails_alone(client, example_sources_small):
     """Rank 1 trains 4 steps and restarts with a checkpoint of another plan (another seed):
     it gets CheckpointError naming the seed (so does a driver rewinding the job with it), while

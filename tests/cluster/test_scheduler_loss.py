@@ -34,7 +34,8 @@ def error_record(path) -> dict | None:
     return None
 
 
-@pytest.mark.parametrize("step_s", [0.05, 1.5], ids=["waiting-for-batches", "mid-step"])
+@pytest.mark.parametrize("step_s", [0.05, pytest.param(1.5, marks=pytest.mark.slow)],  # calls in flight by default
+                         ids=["waiting-for-batches", "mid-step"])
 def test_trainers_get_a_clear_error_naming_the_scheduler_when_it_dies(local_sources, tmp_path, step_s):
     """``step_s``: each step's simulated compute. Short, the trainers' calls are in flight when
     the scheduler dies; long, they start after its death (the acks when the step ends)."""

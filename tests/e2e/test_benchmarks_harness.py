@@ -9,7 +9,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from fixtures_cli import quick_benchmarks
+
+
+def assert_quiet(proc) -> None:
+    """A run that starts an mdata cluster and trainers ends without a traceback: one at shutdown
+    (a client reconnecting to a closed scheduler, a long poll cut by a closing comm) reads as a
+    failure to whoever runs the benchmarks, and hides real ones."""
+    assert "Traceback" not in proc.stderr, proc.stderr[-6000:]
+    assert "Failed to reconnect" not in proc.stderr, proc.stderr[-6000:]
 
 
 def test_quick_run_reports_mixture_and_balance_figures(tmp_path: Path) -> None:
@@ -36,6 +45,7 @@ def test_quick_run_reports_mixture_and_balance_figures(tmp_path: Path) -> None:
     assert "| mixture.max_abs_deviation |" in proc.stdout
 
 
+@pytest.mark.slow  # the longest quick run; `python benchmarks/run.py --only e2e --quick` runs it too
 def test_quick_run_reports_end_to_end_figures(tmp_path: Path) -> None:
     """``--only e2e --quick``: both systems ran in processes, the at-scale simulation reported,
     and the ratio's breakdown multiplies back to the ratio."""
@@ -60,7 +70,8 @@ def test_quick_run_reports_control_plane_figures(tmp_path: Path) -> None:
     each sweep, and the figures the scale docs quote are all there and physical."""
     proc, figures = quick_benchmarks(tmp_path, "control", timeout=240)
     assert figures["_not_measured"] == {}
-    for n in (8, 32):
+    assert_quiet(proc)
+    for n in (8, 24):
         assert figures[f"control.scheduler_cpu_ms_per_step_{n}"] > 0, n
         assert figures[f"control.scheduler_cpu_ms_per_step_dp{n}"] > 0, n
         assert figures[f"control.steps_per_s_{n}"] > 0, n
@@ -71,6 +82,6 @@ def test_quick_run_reports_control_plane_figures(tmp_path: Path) -> None:
     assert figures["control.max_ranks_at_1_step_per_s"] > 0
     # the ranks of a host share a client, so they asked where their batches are together
     assert figures["control.asks_per_request"] > 1
-    assert figures["control.scheduler_cpu_ms_per_step_32_ranks_alone"] > 0
+    assert figures["control.scheduler_cpu_ms_per_step_24_ranks_alone"] > 0
     assert figures["control.host_requests_cpu_ratio"] > 0
     assert "| control.scheduler_cpu_us_per_rank_step |" in proc.stdout

@@ -30,6 +30,7 @@ def aws_env(monkeypatch) -> None:
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
 
 
+@pytest.mark.slow  # the trainer's view of it: tests/cluster/test_registration.py::test_a_wrong_endpoint_url_fails_the_registering_trainer_within_30s
 def test_a_wrong_endpoint_url_fails_listing_within_30s_naming_source_and_endpoint(aws_env):
     endpoint = f"http://127.0.0.1:{closed_port()}"
     url = f"s3://bucket-{uuid.uuid4().hex[:8]}/web/*.parquet"
