@@ -35,6 +35,28 @@ def _cmd_cluster_up(args: argparse.Namespace) -> int:
         return _fail(exc)
 
 
+def _cmd_cluster_status(args: argparse.Namespace) -> int:
+    from distributed import Client
+
+    from mdata.driver.cluster_status import cluster_status
+    from mdata.driver.tls import TlsFiles, cluster_security
+    from mdata.errors import MdataError
+    from mdata.trainer.reach import check_listening
+
+    given = (args.tls_ca_file, args.tls_cert, args.tls_key)
+    if any(given) and not all(given):
+        return _fail("TLS needs --tls-ca-file, --tls-cert and --tls-key together")
+    security = None if not all(given) else cluster_security(
+        TlsFiles(ca_file=args.tls_ca_file, cert=args.tls_cert, key=args.tls_key), role="trainer")
+    try:
+        check_listening(args.address)  # nothing there: one line in seconds
+        with Client(args.address, timeout=args.timeout, set_as_default=False, security=security) as client:
+            print(cluster_status(client))
+    except (MdataError, OSError) as exc:
+        return _fail(exc)
+    return 0
+
+
 def _print_layout(plan, profile, args: argparse.Namespace) -> None:
     """The layout of ``plan`` from ``profile``: table, dask worker lines, optionally Kubernetes."""
     import os
@@ -174,6 +196,7 @@ def _cmd_plan_simulate(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mdata", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     data = sub.add_parser("data", help="build and inspect data sets").add_subparsers(
@@ -181,7 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     example = data.add_parser("example", help="build the real multi-source example corpus")
     example.add_argument("dest", help="folder to write the corpus into")
-    example.add_argument("--size", choices=["small", "full"], default="small")
+    example.add_argument("--size", choices=["small", "full"], default="small",
+                         help="small (default, about a minute) or full (every play, poem and module)")
     example.add_argument(
         "--material",
         default=None,
@@ -190,19 +214,22 @@ def build_parser() -> argparse.ArgumentParser:
     example.set_defaults(func=_cmd_data_example)
 
     demo = sub.add_parser("demo", help="run the demo job on an embedded LocalCluster")
-    demo.add_argument("--steps", type=int, default=20)
+    demo.add_argument("--steps", type=int, default=20, help="training steps to run (default 20)")
     demo.add_argument("--json", default=None, help="write the summary as JSON to this path")
     demo.add_argument("--data", default="example-data", help="example corpus folder (built if missing)")
-    demo.add_argument("--quiet", action="store_true")
+    demo.add_argument("--quiet", action="store_true", help="print the summary only, no per-step lines")
     demo.set_defaults(func=_cmd_demo)
 
     cluster = sub.add_parser("cluster", help="start or inspect an mdata cluster").add_subparsers(
         dest="cluster_command", required=True
     )
     up = cluster.add_parser("up", help="start an embedded cluster and print its addresses")
-    up.add_argument("--data", default="example-data")
-    up.add_argument("--host", default="127.0.0.1")
-    up.add_argument("--constructors", type=int, default=None)
+    up.add_argument("--data", default="example-data",
+                    help="example corpus folder served without --plan (built if missing)")
+    up.add_argument("--host", default="127.0.0.1",
+                    help="address to bind (default loopback; another host's trainers need this host's address)")
+    up.add_argument("--constructors", type=int, default=None,
+                    help="constructor workers (default: mdata.cluster.constructors, 1)")
     up.add_argument("--port", type=int, default=8786, help="scheduler port (0: any free port)")
     up.add_argument("--dashboard-address", default=":8787", help="dashboard address; without a host it binds to --host "
                     "(':0': any port; '0.0.0.0:8787': every interface)")
@@ -216,6 +243,14 @@ def build_parser() -> argparse.ArgumentParser:
     _layout_args(up)
     _tls_args(up, up=True)
     up.set_defaults(func=_cmd_cluster_up)
+    status = cluster.add_parser("status", help="print a running cluster's workers and jobs: how far "
+                                "each job got, trainers' waits, pool targets, sources waiting on storage")
+    status.add_argument("address", help="the scheduler's address (tcp://HOST:8786, as `cluster up` prints)")
+    status.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the scheduler (default 10)")
+    status.add_argument("--tls-ca-file", default=None, help="CA certificate (PEM) of a TLS cluster")
+    status.add_argument("--tls-cert", default=None, help="certificate (PEM) to present")
+    status.add_argument("--tls-key", default=None, help="its private key (PEM)")
+    status.set_defaults(func=_cmd_cluster_status)
 
     prof = sub.add_parser("profile", help="measure what each source of a plan costs a loader per "
                           "sample, write a profile file and print a table")
@@ -259,9 +294,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("mdata")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except BrokenPipeError:  # `mdata plan show plan.yaml | head`: the reader left, which is fine
+        import os
+
+        devnull = os.open(os.devnull, os.O_WRONLY)  # no second error when Python flushes stdout
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

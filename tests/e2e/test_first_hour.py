@@ -85,6 +85,15 @@ def test_cluster_up_and_train_py_agree_on_the_default_job_name(served):
     proc, _ = _train_process("--scheduler", served["scheduler"], "--steps", "2")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "rank 0 step 0:" in proc.stdout and "rank 0 step 1:" in proc.stdout
+    # and `mdata cluster status` says what the cluster did, without the dashboard
+    status = subprocess.run([str(Path(sys.executable).with_name("mdata")), "cluster", "status",
+                             served["scheduler"]], capture_output=True, text=True, timeout=60)
+    assert status.returncode == 0, status.stderr[-3000:]
+    out = status.stdout
+    assert out.startswith(f"scheduler {served['scheduler']}: ") and "constructor" in out, out
+    assert "loader of notes" in out, out
+    assert "job 'default': step " in out and "trainers: 1 ranks attached" in out, out
+    assert "storage: no source is waiting" in out, out
 
 
 def test_a_wrong_job_name_says_at_once_which_jobs_exist(served):
