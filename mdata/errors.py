@@ -269,3 +269,21 @@ class ExampleDataError(MdataError):
 
 class MaterialNotFoundError(ExampleDataError):
     """The raw material of the example corpus is missing; ``bash scripts/setup.sh`` downloads it."""
+
+
+#: The errors of mdata's messages live with the wire code that raises them (mdata.wire.errors
+#: imports this module, so they cannot be defined here); they are importable from here too, as
+#: every mdata error is.
+_WIRE_ERRORS = ("MessageError", "NoHandlerError", "InvalidRequestError")
+
+
+def __getattr__(name: str):
+    if name in _WIRE_ERRORS:
+        from mdata.wire import errors as wire_errors
+
+        return getattr(wire_errors, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_WIRE_ERRORS])

@@ -85,3 +85,20 @@ def test_a_jobs_lines_say_how_far_it_got_who_waits_and_what_storage_does():
                            "storage_waits": {}}, now=1030.0)
     assert "  FAILED: source 'chat', shard 3: corrupt" in failed
     assert "  trainers: none has asked for a batch yet" in failed and "  storage: no source is waiting" in failed
+
+
+def test_every_error_the_troubleshooting_page_names_imports_from_mdata_errors():
+    """The page promises that every mdata error is an MdataError importable from mdata.errors
+    (InvalidRequestError and MessageError live with the wire code, and are re-exported)."""
+    import re
+
+    import mdata.errors as errors
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "troubleshooting.md").read_text()
+    names = {name for heading in re.findall(r"^### (.+)$", page, re.M)
+             for name in re.findall(r"\b([A-Z][A-Za-z]+Error)\b", heading)}
+    assert {"InvalidRequestError", "StorageUnavailableError", "SchedulerLostError"} <= names
+    for name in sorted(names):
+        cls = getattr(errors, name, None)
+        assert cls is not None, f"docs/troubleshooting.md names {name}, which mdata.errors lacks"
+        assert issubclass(cls, errors.MdataError), name
