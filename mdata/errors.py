@@ -9,6 +9,9 @@ from __future__ import annotations
 
 __all__ = [
     "MdataError",
+    "MessageError",
+    "NoHandlerError",
+    "InvalidRequestError",
     "SourceError",
     "SourceNotFoundError",
     "UnknownFormatError",
@@ -271,19 +274,19 @@ class MaterialNotFoundError(ExampleDataError):
     """The raw material of the example corpus is missing; ``bash scripts/setup.sh`` downloads it."""
 
 
-#: The errors of mdata's messages live with the wire code that raises them (mdata.wire.errors
-#: imports this module, so they cannot be defined here); they are importable from here too, as
-#: every mdata error is.
-_WIRE_ERRORS = ("MessageError", "NoHandlerError", "InvalidRequestError")
+class MessageError(MdataError):
+    """A message between mdata processes is malformed; names the message and the field.
+
+    It points at mismatched mdata versions between processes, or at a handler called by hand
+    with wrong arguments, never at bad data.
+    """
 
 
-def __getattr__(name: str):
-    if name in _WIRE_ERRORS:
-        from mdata.wire import errors as wire_errors
-
-        return getattr(wire_errors, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+class NoHandlerError(MessageError):
+    """The peer answered nothing: it has no such handler (a worker shutting down has dropped its
+    handlers; a process without mdata's plugin never had them). Ask someone else."""
 
 
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_WIRE_ERRORS])
+class InvalidRequestError(MdataError, ValueError):
+    """A well-formed request whose values are out of range for its job (a rank outside the world,
+    a negative step, a job that does not exist...). Raised by the handler that received it."""

@@ -26,31 +26,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from mdata.errors import MdataError, SourceError
+from mdata.errors import (  # defined with every mdata error; the wire code raises them
+    InvalidRequestError, MdataError, MessageError, NoHandlerError, SourceError,
+)
 
 __all__ = ["MessageError", "NoHandlerError", "InvalidRequestError", "bad_message", "bad_field",
            "error_to_msg", "error_from_msg"]
 
 _PLAIN = (str, int, float, bool, type(None))
 _SOURCE_FIELDS = ("source", "shard", "row", "hint")
-
-
-class MessageError(MdataError):
-    """A message between mdata processes is malformed; names the message and the field.
-
-    It points at mismatched mdata versions between processes, or at a handler called by hand
-    with wrong arguments, never at bad data.
-    """
-
-
-class NoHandlerError(MessageError):
-    """The peer answered nothing: it has no such handler (a worker shutting down has dropped its
-    handlers; a process without mdata's plugin never had them). Ask someone else."""
-
-
-class InvalidRequestError(MdataError, ValueError):
-    """A well-formed request whose values are out of range for its job (a rank outside the world,
-    a negative step, a job that does not exist...). Raised by the handler that received it."""
 
 
 def bad_message(message: str, problem: str) -> MessageError:
