@@ -123,6 +123,7 @@ def test_undecodable_images_are_skipped_within_tolerance_and_counted(client, exa
     client.sync(client.scheduler.mdata_close_job, job="skips", client=client.id)
 
 
+@pytest.mark.slow  # resuming from trainers' checkpoints: test_recovery.py (live), test_chaos.py (whole cluster), test_elastic_resume_on_cluster.py
 def test_resume_from_a_trainer_checkpoint_reproduces_the_sequence(client, example_sources_small):
     """Stop after 3 steps, restore the rank's state_dict as a new job: steps 3.. are identical."""
     plan = plan_for(example_sources_small[:4])

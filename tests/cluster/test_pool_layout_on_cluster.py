@@ -17,6 +17,7 @@ def pool_resources(client) -> list[dict]:
     return [dict(w["resources"]) for w in client.scheduler_info(n_workers=-1)["workers"].values()]
 
 
+@pytest.mark.slow  # a profiled layout served: tests/e2e/test_profile_cli.py
 def test_a_profiled_layout_serves_an_image_heavy_plan(tmp_path):
     from distributed import Client
 

@@ -21,6 +21,7 @@ def assert_quiet(proc) -> None:
     assert "Failed to reconnect" not in proc.stderr, proc.stderr[-6000:]
 
 
+@pytest.mark.slow  # `python benchmarks/run.py --only mixture balance --quick` runs the same; the control quick run checks the harness by default
 def test_quick_run_reports_mixture_and_balance_figures(tmp_path: Path) -> None:
     proc, figures = quick_benchmarks(tmp_path, "mixture", "balance", timeout=280)
     assert figures["_quick"] is True

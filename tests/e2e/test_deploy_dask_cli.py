@@ -41,7 +41,7 @@ def _wait_for_line(proc: subprocess.Popen, pattern: str, timeout: float = 60.0) 
     raise AssertionError(f"no line matching {pattern!r}; output:\n{''.join(seen)[-3000:]}")
 
 
-@pytest.mark.parametrize("protocol", ["tcp", "tls"])
+@pytest.mark.parametrize("protocol", [pytest.param("tcp", marks=pytest.mark.slow), "tls"])  # tls runs the same lines
 def test_dask_cli_cluster_serves_trainers(protocol, example_corpus, tmp_path):
     from distributed import Client
     from distributed.security import Security

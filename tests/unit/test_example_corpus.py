@@ -158,6 +158,7 @@ def test_report_tables_every_source(example_corpus: Path):
 # --- determinism and reuse ---------------------------------------------------------------------
 
 
+@pytest.mark.slow  # builds the corpus twice; every run of scripts/setup.sh builds it
 def test_two_builds_are_byte_identical_and_a_damaged_corpus_is_rebuilt(
     example_corpus: Path, tmp_path: Path
 ):
