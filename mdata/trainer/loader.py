@@ -12,7 +12,8 @@ What counts is consumption, not prefetch: a step is acknowledged as consumed whe
 loop asks for the next batch (or calls :meth:`Loader.mark_consumed`), never when the prefetch
 thread fetched it, so the Planner's "consumed" step is what trainers really trained on. Telling it
 costs the loop no round trip: the step is noted and travels with the next location request, or
-on its own a moment later (:mod:`mdata.trainer.consumption`).
+on its own a moment later (:mod:`mdata.trainer.consumption`) Loaders that share one Dask client send those
+requests together, one per step (:mod:`mdata.trainer.location_hub`).
 
 Each Loader leases its rank (one rank, one Loader) and joins a *generation* of the job: a
 Loader that brings a checkpoint for a job that runs already rewinds the job to it, and every rank
