@@ -305,13 +305,15 @@ class Loader:
         """Where the batch is, then the batch; a batch whose constructor died is rebuilt by the
         cluster, so the Loader asks again where it is until its timeout. ``delivered``: the
         step received before, told to the Planner with the location request."""
-        deadline = time.monotonic() + self.timeout
+        deadline = None  # counted from the first miss: the wait for the batch has its own
         while True:
             location = self._locate(step, delivered)
             try:
                 return location, fetch_slice(self.client, location, self._delivery)
             except BatchMoved as exc:
-                if time.monotonic() > deadline:
+                if deadline is None:
+                    deadline = time.monotonic() + self.timeout
+                elif time.monotonic() > deadline:
                     raise TrainerError(
                         f"rank {self.rank}: batch of step {step} ({list(location.key)}) could not "
                         f"be fetched within {self.timeout:.0f}s: {exc}"
