@@ -123,7 +123,6 @@ def test_trainer_kill_and_live_resume(chaos_cluster, local_sources, reference_ru
     close_job(chaos_cluster.client(), group.job, plan)
 
 
-@pytest.mark.slow  # one fault of test_chaos_all_faults_in_one_run, which runs by default
 def test_storage_outage_is_waited_out(chaos_cluster, s3_sources, s3_corpus, reference_run, tmp_path):
     """The S3 server holding the shards crashes (kill -9) mid-run and stays down until the
     trainers starve, then OUTAGE_S more, and comes back with its data: loads fail meanwhile and
@@ -166,6 +165,9 @@ def test_chaos_all_faults_in_one_run(chaos_cluster, s3_sources, s3_corpus, refer
         group.kill_all()
         server.start()
     check(group, reference_run, plan, f"the run through every fault (resumed at step {resume})")
-    assert_recovered(chaos_cluster, group, chunks_reloaded=1, batches_rebuilt=1, storage_outages=1)
+    # the outage landed (storage_outage() saw the trainers starve); its count is checked by
+    # test_storage_outage_is_waited_out: here, after a loader and a constructor were lost, the
+    # Planner's 1 s poll of the loaders can miss the whole wait (a cumulative count is to come)
+    assert_recovered(chaos_cluster, group, chunks_reloaded=1, batches_rebuilt=1)
     assert_rewound(group, resume)
     close_job(chaos_cluster.client(), group.job, plan)
