@@ -136,24 +136,35 @@ class BatchLocationRequest(Request):
     stalled_s: float = -1.0
 
     def to_msg(self) -> dict[str, Any]:
-        out = {"job": self.job, "rank": self.rank, "step": self.step, "timeout": self.timeout,
-               "token": self.token, "generation": self.generation, "delivered": self.delivered}
-        if self.consumed:
-            out["consumed"] = [int(s) for s in self.consumed]
-            out["stalled_s"] = self.stalled_s
-        return out
+        return {"job": self.job, "rank": self.rank, "step": self.step, "timeout": self.timeout,
+                **told_msg(self)}
 
     @classmethod
     def from_msg(cls, msg: Any) -> "BatchLocationRequest":
         r = Reader(cls.__name__, msg)
-        out = cls(r.str("job"), r.int("rank"), r.int("step"), r.float("timeout"),
-                  check_str(r.raw("token", ""), r, "token"),
-                  check_int(r.raw("generation", 0), r, "generation"),
-                  r.optional("delivered", check_int),
-                  check_list(r.raw("consumed", []), r, "consumed", check_int),
-                  check_float(r.raw("stalled_s", -1.0), r, "stalled_s"))
+        out = cls(r.str("job"), r.int("rank"), r.int("step"), r.float("timeout"), *read_told(r))
         r.done()
         return out
+
+
+def told_msg(req: Any) -> dict[str, Any]:
+    """The fields a location ask carries besides its rank and step (``token``, ``generation``,
+    ``delivered``, and ``consumed`` with ``stalled_s`` when there is any): shared by
+    :class:`BatchLocationRequest` and :class:`~mdata.wire.host_location.LocationAsk`."""
+    out = {"token": req.token, "generation": req.generation, "delivered": req.delivered}
+    if req.consumed:
+        out["consumed"] = [int(s) for s in req.consumed]
+        out["stalled_s"] = req.stalled_s
+    return out
+
+
+def read_told(r: Reader) -> tuple:
+    """``(token, generation, delivered, consumed, stalled_s)`` as :func:`told_msg` wrote them."""
+    return (check_str(r.raw("token", ""), r, "token"),
+            check_int(r.raw("generation", 0), r, "generation"),
+            r.optional("delivered", check_int),
+            check_list(r.raw("consumed", []), r, "consumed", check_int),
+            check_float(r.raw("stalled_s", -1.0), r, "stalled_s"))
 
 
 @dataclass(frozen=True)

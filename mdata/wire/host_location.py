@@ -17,11 +17,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from mdata.wire.codec import (
-    Handler, Message, Reader, Request, Status, check_dict, check_float, check_int, check_list,
-    check_str,
+    Handler, Message, Reader, Request, Status, check_dict, check_float, check_int, check_str,
 )
 from mdata.errors import MdataError
-from mdata.wire.delivery import BatchLocationReply
+from mdata.wire.delivery import BatchLocationReply, read_told, told_msg
 from mdata.wire.errors import error_from_msg, error_to_msg
 
 __all__ = ["LocationAsk", "HostLocationRequest", "HostLocationReply", "ConsumedTell",
@@ -41,21 +40,12 @@ class LocationAsk(Message):
     stalled_s: float = -1.0
 
     def to_msg(self) -> dict[str, Any]:
-        out = {"rank": self.rank, "token": self.token, "generation": self.generation,
-               "delivered": self.delivered}
-        if self.consumed:
-            out["consumed"] = [int(s) for s in self.consumed]
-            out["stalled_s"] = self.stalled_s
-        return out
+        return {"rank": self.rank, **told_msg(self)}
 
     @classmethod
     def from_msg(cls, msg: Any) -> "LocationAsk":
         r = Reader(cls.__name__, msg)
-        out = cls(r.int("rank"), check_str(r.raw("token", ""), r, "token"),
-                  check_int(r.raw("generation", 0), r, "generation"),
-                  r.optional("delivered", check_int),
-                  check_list(r.raw("consumed", []), r, "consumed", check_int),
-                  check_float(r.raw("stalled_s", -1.0), r, "stalled_s"))
+        out = cls(r.int("rank"), *read_told(r))
         r.done()
         return out
 
