@@ -10,15 +10,15 @@ landed at all). :class:`RecoveryTally` counts the recoveries as the runtime carr
   builds again because the runtime still holds their futures. Dask's own record of the loss (the
   scheduler's ``remove-worker`` event, ``lost-computed-tasks``) says which ones: counting them when
   a trainer next asks would miss every batch rebuilt before it asked;
-* ``storage_outages``: times one of the job's sources began waiting on unreachable storage, as the
-  Planner's poll of the loader workers heard it (``storage_poll.py``).
+* ``storage_outages``: times one of the job's sources began waiting on unreachable storage, from
+  the loader workers' cumulative counts of waits begun, which the Planner polls (``storage_poll.py``).
 
 The tally lives as long as the job's runtime, across rewinds (a resume keeps what came before).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection
 from typing import Any
 
 __all__ = ["RecoveryTally", "lost_computed_tasks"]
@@ -55,9 +55,9 @@ class RecoveryTally:
         self.batches_rebuilt += rebuilt
         return rebuilt
 
-    def storage_waits(self, before: Iterable[str], now: Iterable[str]) -> None:
-        """The job's sources waiting on storage went from ``before`` to ``now``."""
-        self.storage_outages += len(set(now) - set(before))
+    def storage_outages_began(self, count: int) -> None:
+        """``count`` more waits on storage began for the job's sources (since the last poll)."""
+        self.storage_outages += int(count)
 
     def counts(self) -> dict[str, int]:
         return {"chunks_reloaded": self.chunks_reloaded, "batches_rebuilt": self.batches_rebuilt,

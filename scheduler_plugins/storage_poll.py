@@ -19,6 +19,13 @@ The tick never waits for the poll: it starts one only when the previous one fini
 interval passed; each worker gets ``timeout`` seconds to answer. A worker that does not answer
 (busy, leaving, a process without mdata's plugin) is ignored; its last answer is kept for a few
 intervals so that one slow reply does not make an ongoing wait vanish and reappear.
+
+Counting outages (``recoveries["storage_outages"]``) from the waits a poll sees would miss a wait
+that began and ended between two polls (an outage of a few seconds, under load). Each worker also
+reports how many wait periods each source has begun in it so far (cumulative); the poller keeps the
+last figure per (worker, source), and counts for a source the largest increase over its workers
+since the previous poll: an outage usually hits every loader of the source at once, and it is one
+outage, not one per worker. A worker first heard of counts from zero (it started after the job).
 """
 
 from __future__ import annotations
@@ -62,6 +69,7 @@ class StoragePoller:
         self.timeout = float(timeout if timeout is not None else max(0.2, min(self.interval, 2.0)))
         self.merged: dict[str, SourceStorageWait] = {}
         self._answers: dict[str, tuple[float, tuple[StorageWait, ...]]] = {}
+        self._begun: dict[tuple[str, str], int] = {}
         self._task: asyncio.Task | None = None
         self._last = float("-inf")
 
@@ -83,9 +91,15 @@ class StoragePoller:
             workers = loader_workers(self.scheduler, sources)
             answers = await asyncio.gather(*(self._ask(address) for address in workers))
             now = time.monotonic()
-            for address, waits in zip(workers, answers):
-                if waits is not None:
+            began: dict[str, int] = {}
+            for address, answer in zip(workers, answers):
+                if answer is not None:
+                    waits, begun = answer
                     self._answers[address] = (now, waits)
+                    for source, count in begun.items():
+                        new = count - self._begun.get((address, source), 0)
+                        self._begun[(address, source)] = count
+                        began[source] = max(began.get(source, 0), new)
             keep = KEEP_INTERVALS * max(self.interval, self.timeout)
             current = set(workers)
             self._answers = {a: (t, w) for a, (t, w) in self._answers.items()
@@ -93,20 +107,21 @@ class StoragePoller:
             self.merged = merge_storage_waits({a: w for a, (_, w) in self._answers.items()})
             for runtime in list(jobs.values()):
                 waits = {name: wait for name, wait in self.merged.items() if name in runtime.sources}
-                runtime.recoveries.storage_waits(runtime.storage_waits, waits)
+                runtime.recoveries.storage_outages_began(
+                    sum(n for name, n in began.items() if name in runtime.sources and n > 0))
                 runtime.storage_waits = waits
         except Exception:  # never let the poll's failure surface as an unretrieved task error
             logger.exception("mdata: polling loader workers for storage waits failed")
         return self.merged
 
-    async def _ask(self, address: str) -> tuple[StorageWait, ...] | None:
+    async def _ask(self, address: str) -> tuple[tuple[StorageWait, ...], dict[str, int]] | None:
         try:
             reply: Any = await asyncio.wait_for(
                 ask(self.scheduler.rpc(address), StorageWaitsRequest()), self.timeout)
         except Exception as exc:  # noqa: BLE001 - busy, gone, or without mdata's plugin: ignored
             logger.debug("mdata: worker %s did not report its storage waits: %r", address, exc)
             return None
-        return tuple(w.wait() for w in reply.waits)
+        return tuple(w.wait() for w in reply.waits), reply.begun_by_source()
 
     def close(self) -> None:
         if self._task is not None:

@@ -22,7 +22,7 @@ from mdata.errors import PlanError, SourceError, UntrustedSourceError
 # the scheduler and constructors, which import this module for its names, never load them.
 from mdata.sources.chunk import SampleChunk
 from mdata.sources.spec import Source
-from mdata.sources.waits import storage_waits
+from mdata.sources.waits import storage_waits, storage_waits_begun
 from mdata.spec import SourceSpec
 from mdata.spec.worker_trust import worker_trust
 from mdata.wire.errors import InvalidRequestError
@@ -183,5 +183,6 @@ def make_take_rows_many_handler(worker):
 def storage_waits_handler(req: StorageWaitsRequest) -> StorageWaitsReply:
     """The function behind ``mdata_storage_waits``: the sources of this worker process whose
     loads (or listings) are waiting out unreachable storage right now. The Planner polls it to
-    tell operators which source waits and since when (``scheduler_plugins/storage_poll.py``)."""
-    return StorageWaitsReply.of(storage_waits())
+    tell operators which source waits and since when (``scheduler_plugins/storage_poll.py``), and
+    counts the outages from the cumulative ``begun`` figures."""
+    return StorageWaitsReply.of(storage_waits(), storage_waits_begun())

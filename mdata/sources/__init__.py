@@ -31,7 +31,7 @@ _HOMES = {
     "Format": "spec", "Source": "spec",
     "ChunkContext": "transforms", "DecodeImageCaption": "transforms", "SampleOutput": "transforms",
     "SampleTransform": "transforms", "TokenizeText": "transforms", "Transform": "transforms",
-    "StorageWait": "waits", "storage_waits": "waits",
+    "StorageWait": "waits", "storage_waits": "waits", "storage_waits_begun": "waits",
     "SourceStorageWait": "wait_report", "describe_storage_wait": "wait_report",
     "merge_storage_waits": "wait_report",
 }
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from mdata.sources.transforms import (ChunkContext, DecodeImageCaption, SampleOutput,
                                           SampleTransform, TokenizeText, Transform)
     from mdata.sources.wait_report import SourceStorageWait, describe_storage_wait, merge_storage_waits
-    from mdata.sources.waits import StorageWait, storage_waits
+    from mdata.sources.waits import StorageWait, storage_waits, storage_waits_begun
 
 
 def __getattr__(name: str) -> Any:
@@ -92,4 +92,5 @@ __all__ = [
     "load_chunk",
     "merge_storage_waits",
     "storage_waits",
+    "storage_waits_begun",
 ]

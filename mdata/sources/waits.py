@@ -7,6 +7,11 @@ wait when a retry succeeds or the deadline passes. :func:`storage_waits` is the 
 status reports: one :class:`StorageWait` per waiting source, merged over its concurrent waits (e.g.
 several shards of one bucket).
 
+:func:`storage_waits_begun` counts, per source, the wait periods this process has begun (a period
+begins when a source with no ongoing wait starts one). A reader that polls :func:`storage_waits` sees
+only the waits ongoing at its poll, and misses a short outage entirely; the count is cumulative, so
+the difference between two polls says how many began in between, however short they were.
+
 The registry is per process (a loader worker) and thread-safe; a forked child starts empty.
 """
 
@@ -19,7 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["StorageWait", "storage_waits"]
+__all__ = ["StorageWait", "storage_waits", "storage_waits_begun"]
 
 
 @dataclass(frozen=True)
@@ -77,11 +82,14 @@ class _Registry:
         self._lock = threading.Lock()
         self._waits: dict[int, _Wait] = {}
         self._tokens = itertools.count(1)
+        self._begun: dict[str, int] = {}
 
     def begin(self, source: str, target: str, error: str, since: float | None) -> int:
         now = time.time()
         with self._lock:
             token = next(self._tokens)
+            if not any(w.source == source for w in self._waits.values()):
+                self._begun[source] = self._begun.get(source, 0) + 1
             self._waits[token] = _Wait(source, target, now if since is None else since, 1, error, now)
         return token
 
@@ -96,6 +104,10 @@ class _Registry:
     def end(self, token: int) -> None:
         with self._lock:
             self._waits.pop(token, None)
+
+    def begun(self) -> dict[str, int]:
+        with self._lock:
+            return dict(sorted(self._begun.items()))
 
     def snapshot(self) -> dict[str, StorageWait]:
         with self._lock:
@@ -126,6 +138,11 @@ def storage_waits() -> dict[str, StorageWait]:
     A snapshot: safe to call from any thread; the values do not change afterwards.
     """
     return _registry.snapshot()
+
+
+def storage_waits_begun() -> dict[str, int]:
+    """Wait periods begun in this process so far, by source (cumulative; see the module docstring)."""
+    return _registry.begun()
 
 
 def wait_began(source: str, target: str, error: str, since: float | None = None) -> int:

@@ -1,7 +1,8 @@
 """Messages about sources waiting on storage: what a loader worker reports, what a status shows.
 
 * Planner -> loader worker: :class:`StorageWaitsRequest` (``mdata_storage_waits``), answered with
-  the worker's current waits (:func:`mdata.sources.storage_waits`) as a :class:`StorageWaitsReply`;
+  the worker's current waits (:func:`mdata.sources.storage_waits`) and its cumulative count of waits
+  begun per source (:func:`mdata.sources.storage_waits_begun`) as a :class:`StorageWaitsReply`;
 * inside a job's status (:class:`~mdata.wire.inspection.StatusReply`): one
   :class:`StorageWaitInfo` per source, merged over the workers that reported it.
 """
@@ -13,7 +14,7 @@ from typing import Any
 
 from mdata.sources.wait_report import SourceStorageWait
 from mdata.sources.waits import StorageWait
-from mdata.wire.codec import Handler, Message, Reader, Request, check_str
+from mdata.wire.codec import Handler, Message, Reader, Request, check_int, check_str
 
 __all__ = ["WorkerStorageWait", "StorageWaitsRequest", "StorageWaitsReply", "StorageWaitInfo"]
 
@@ -55,21 +56,32 @@ class WorkerStorageWait(Message):
 
 @dataclass(frozen=True)
 class StorageWaitsReply(Message):
-    """A worker's sources waiting on storage now, sorted by source (on the wire: a list)."""
+    """A worker's sources waiting on storage now, sorted by source, and how many wait periods each
+    source has begun in that worker so far (``begun``: cumulative, so that a poller also counts the
+    outages that began and ended between two of its polls)."""
 
     waits: tuple[WorkerStorageWait, ...]
+    begun: tuple[tuple[str, int], ...] = ()
 
     @classmethod
-    def of(cls, waits: dict[str, StorageWait]) -> "StorageWaitsReply":
-        return cls(tuple(WorkerStorageWait.of(waits[name]) for name in sorted(waits)))
+    def of(cls, waits: dict[str, StorageWait],
+           begun: dict[str, int] | None = None) -> "StorageWaitsReply":
+        return cls(tuple(WorkerStorageWait.of(waits[name]) for name in sorted(waits)),
+                   tuple(sorted((begun or {}).items())))
 
-    def to_msg(self) -> list[dict[str, Any]]:
-        return [w.to_msg() for w in self.waits]
+    def begun_by_source(self) -> dict[str, int]:
+        return dict(self.begun)
+
+    def to_msg(self) -> dict[str, Any]:
+        return {"waits": [w.to_msg() for w in self.waits], "begun": dict(self.begun)}
 
     @classmethod
     def from_msg(cls, msg: Any) -> "StorageWaitsReply":
-        r = Reader(cls.__name__, {"waits": msg})
-        return cls(r.list("waits", lambda v, _r, _f: WorkerStorageWait.from_msg(v)))
+        r = Reader(cls.__name__, msg)
+        out = cls(r.list("waits", lambda v, _r, _f: WorkerStorageWait.from_msg(v)),
+                  tuple(sorted(r.mapping("begun", check_int).items())))
+        r.done()
+        return out
 
 
 @dataclass(frozen=True)

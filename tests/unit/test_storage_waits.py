@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from mdata.sources import StorageWait, describe_storage_wait, merge_storage_waits, storage_waits
+from mdata.sources import (StorageWait, describe_storage_wait, merge_storage_waits, storage_waits,
+                           storage_waits_begun)
 from mdata.sources.waits import wait_began, wait_ended, wait_failed_again
 from mdata.wire import messages as m
 from scheduler_plugins.recoveries import RecoveryTally
@@ -73,15 +74,31 @@ def test_the_worker_reply_carries_the_registry_and_survives_the_wire():
     try:
         wait_failed_again(token, RESET)
         waits = storage_waits()
-        reply = m.StorageWaitsReply.of(waits)
+        reply = m.StorageWaitsReply.of(waits, storage_waits_begun())
         again = m.StorageWaitsReply.from_msg(reply.to_msg())
         assert again == reply
         (got,) = [w.wait() for w in again.waits]
         assert got == waits["web"] and got.attempts == 2 and got.last_error == RESET
         assert got.last_failed >= got.since
+        assert again.begun_by_source()["web"] >= 1
     finally:
         wait_ended(token)
-    assert m.StorageWaitsReply.of(storage_waits()).to_msg() == []
+    assert m.StorageWaitsReply.of(storage_waits()).to_msg() == {"waits": [], "begun": {}}
+
+
+def test_waits_begun_count_periods_per_source_not_concurrent_shards():
+    """Two shards of one source waiting at once are one period; a new wait after both ended is a
+    second one. The count never goes down, so a poller can tell how many began between polls."""
+    before = storage_waits_begun().get("books", 0)
+    a = wait_began("books", "file:///b/0.parquet", REFUSED)
+    b = wait_began("books", "file:///b/1.parquet", REFUSED)
+    wait_ended(a)
+    c = wait_began("books", "file:///b/2.parquet", REFUSED)  # b still waits: the same period
+    wait_ended(b)
+    wait_ended(c)
+    assert storage_waits_begun()["books"] == before + 1 and "books" not in storage_waits()
+    wait_ended(wait_began("books", "file:///b/0.parquet", REFUSED))
+    assert storage_waits_begun()["books"] == before + 2
 
 
 @dataclass
@@ -113,6 +130,9 @@ def test_the_planner_poll_asks_the_loader_workers_and_gives_each_job_its_sources
             poller = StoragePoller(s, interval=0.2, timeout=2.0)
 
             assert await poller.poll(jobs) == {}
+            # the registry is this process's (the worker runs in it): earlier tests' waits of
+            # ``web`` count on the first poll, so the counts below are taken from here on
+            base = jobs["a"].recoveries.storage_outages
             token = wait_began("web", "s3://b/web/a.parquet", REFUSED, since=time.time() - 5)
             try:
                 merged = await poller.poll(jobs)
@@ -121,7 +141,7 @@ def test_the_planner_poll_asks_the_loader_workers_and_gives_each_job_its_sources
                 assert list(jobs["a"].storage_waits) == ["web"] and jobs["b"].storage_waits == {}
                 assert jobs["a"].storage_waits["web"].waited_s() >= 5
                 await poller.poll(jobs)  # the same wait, heard again: still one outage
-                assert [j.recoveries.storage_outages for j in jobs.values()] == [1, 0]
+                assert [j.recoveries.storage_outages for j in jobs.values()] == [base + 1, 0]
 
                 # from the tick: at most one poll at a time, and not before the interval
                 poller.tick(jobs, now=1000.0)
@@ -136,7 +156,12 @@ def test_the_planner_poll_asks_the_loader_workers_and_gives_each_job_its_sources
             poller.tick(jobs, now=1001.0)
             await poller._task
             assert jobs["a"].storage_waits == {} and poller.merged == {}
-            assert jobs["a"].recoveries.counts()["storage_outages"] == 1  # ridden through, counted
+            assert jobs["a"].recoveries.counts()["storage_outages"] == base + 1  # ridden through
+
+            # a wait that begins and ends between two polls is never seen ongoing, yet counted
+            wait_ended(wait_began("web", "s3://b/web/b.parquet", REFUSED))
+            assert await poller.poll(jobs) == {}
+            assert [j.recoveries.storage_outages for j in jobs.values()] == [base + 2, 0]
             poller.close()
 
     asyncio.run(main())
