@@ -123,3 +123,17 @@ def test_a_plan_naming_no_module_beside_it_leaves_sys_path_alone(tmp_path, elsew
     before = list(sys.path)
     Plan.from_file(_plan_file(tmp_path / "plans", "data"))
     assert sys.path == before
+
+
+def test_mdata_profile_writes_beside_the_plan_file_unless_told(tmp_path, elsewhere, capsys):
+    from mdata.profile import Profile, default_profile_path
+
+    _notes(tmp_path / "project" / "data")
+    path = _plan_file(tmp_path / "project", "data/*.jsonl", name="notes.yaml")
+    assert default_profile_path(path) == tmp_path / "project" / "notes.profile.json"
+    assert main(["profile", str(path), "--rows", "8", "--threads", "1"]) == 0
+    assert f"wrote {tmp_path / 'project' / 'notes.profile.json'}" in capsys.readouterr().out
+    assert Profile.load(tmp_path / "project" / "notes.profile.json").names == ("notes",)
+    assert not list(elsewhere.glob("*.profile.json"))
+    assert main(["profile", str(path), "--rows", "8", "--threads", "1", "--out", "mine.json"]) == 0
+    assert Profile.load(elsewhere / "mine.json").names == ("notes",)  # --out: as given, from the cwd
