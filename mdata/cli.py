@@ -94,12 +94,12 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 
     from mdata.errors import MdataError
     from mdata.plan import Plan
-    from mdata.profile import profile_sources
+    from mdata.profile import default_profile_path, profile_sources
 
     try:
         plan = Plan.from_file(args.plan)
         profile = profile_sources(plan.sources, rows=args.rows, threads=args.threads)
-        out = Path(args.out) if args.out else Path(Path(args.plan).stem + ".profile.json")
+        out = Path(args.out) if args.out else default_profile_path(args.plan)
         profile.save(out)
         print(profile.table())
         print(f"wrote {out}")
@@ -258,7 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--rows", type=int, default=64, help="rows read per source (default 64)")
     prof.add_argument("--threads", type=int, default=None,
                       help="threads of the scaling measurement (default: min(4, CPUs); 1 skips it)")
-    prof.add_argument("--out", default=None, help="profile file to write (default: PLAN_STEM.profile.json)")
+    prof.add_argument("--out", default=None,
+                      help="profile file to write (default: PLAN_STEM.profile.json beside the plan file)")
     prof.add_argument("--layout", action="store_true", help="also print the pool layout it implies")
     prof.add_argument("--scheduler", default="tcp://SCHEDULER:8786", help="address in the dask worker lines")
     prof.add_argument("--kubernetes", action="store_true", help="also print a dask-kubernetes manifest")

@@ -36,11 +36,19 @@ from typing import Any
 
 from mdata.errors import PlanError
 
-__all__ = ["PROFILE_VERSION", "Profile", "SourceProfile", "profile_source", "profile_sources",
-           "parallel_fraction"]
+__all__ = ["PROFILE_VERSION", "Profile", "SourceProfile", "default_profile_path", "profile_source",
+           "profile_sources", "parallel_fraction"]
 
 #: Version of the profile file; a newer file than this reader understands is refused.
 PROFILE_VERSION = 1
+
+
+def default_profile_path(plan_file: str | os.PathLike[str]) -> Path:
+    """Where ``mdata profile PLAN`` writes its profile unless told (``--out``): ``PLAN_STEM.profile.json``
+    beside the plan file, whatever the current directory, so the plan's profile is found where
+    the plan is (``mdata cluster up --plan P --profile``, the docs' commands)."""
+    plan_file = Path(plan_file)
+    return plan_file.with_name(plan_file.stem + ".profile.json")
 
 
 def parallel_fraction(speedup: float, threads: int) -> float:

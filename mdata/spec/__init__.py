@@ -7,6 +7,8 @@
 - :mod:`mdata.spec.sources` — :class:`SourceSpec`, a source as plain data;
 - :mod:`mdata.spec.plan_spec` — ``Plan <-> dict`` (``Plan.to_spec()`` / ``Plan.from_spec()``);
 - :mod:`mdata.spec.files` — the same spec as a YAML or JSON file;
+- :mod:`mdata.spec.plan_paths` — what is relative in a plan file: relative urls are read from its
+  folder, a module it names beside it imports;
 - :mod:`mdata.spec.version` — the schema version.
 
 The schema and the import rule are documented in docs/plan-files.md.

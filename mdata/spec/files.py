@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from mdata.errors import PlanError
+from mdata.spec.plan_paths import plan_relative_spec
 
 __all__ = ["read_spec", "write_spec"]
 
@@ -39,7 +40,9 @@ def write_spec(spec: dict[str, Any], path: str | os.PathLike[str]) -> Path:
 
 
 def read_spec(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The spec in the YAML or JSON file at ``path`` (PlanError naming the file when it is not one)."""
+    """The spec in the YAML or JSON file at ``path`` (PlanError naming the file when it is not one),
+    its relative source urls made absolute under the file's folder (a SourceNotFoundError naming
+    the file and that folder when one matches nothing there)."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -52,4 +55,4 @@ def read_spec(path: str | os.PathLike[str]) -> dict[str, Any]:
                         f"{exc}") from None
     if not isinstance(data, dict):
         raise PlanError(f"plan file {str(path)!r} holds a {type(data).__name__}, not a plan mapping")
-    return data
+    return plan_relative_spec(data, path)

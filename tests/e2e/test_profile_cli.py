@@ -26,11 +26,14 @@ def test_profile_then_cluster_up_with_the_profile(tmp_path):
     from mdata.trainer import Loader
 
     plan_file = image_heavy_plan(tmp_path / "data").to_file(tmp_path / "job.yaml")
+    elsewhere = tmp_path / "elsewhere"  # the profile goes beside the plan, not into the cwd
+    elsewhere.mkdir()
     done = subprocess.run([MDATA, "profile", str(plan_file), "--rows", "8", "--threads", "2"],
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+                          capture_output=True, text=True, timeout=120, cwd=elsewhere)
     assert done.returncode == 0, done.stderr
     assert "profiled photos: 8 samples" in done.stderr
-    assert "wrote job.profile.json" in done.stdout
+    assert f"wrote {tmp_path / 'job.profile.json'}" in done.stdout
+    assert not list(elsewhere.iterdir())
     assert any(line.startswith("photos ") for line in done.stdout.splitlines())
     profile = Profile.load(tmp_path / "job.profile.json")
 
