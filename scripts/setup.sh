@@ -28,6 +28,11 @@ stamp=.venv/.mdata-setup-stamp
 want=$(cat pyproject.toml constraints-dev.txt scripts/setup.sh | sha256sum | cut -c1-16)-$extras
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -m pip install -q --upgrade pip
+  # This checkout installed as the distribution `mdata` before it took its own name
+  # (mdata-orchestrator): an old editable install of it would linger beside the new one.
+  if ls .venv/lib/python*/site-packages/__editable__.mdata-*.pth >/dev/null 2>&1; then
+    .venv/bin/python -m pip uninstall -q -y mdata
+  fi
   # One pip command for everything: moto and s3fs must be resolved together (botocore pins).
   .venv/bin/python -m pip install -q -c constraints-dev.txt -e ".[$extras]"
   echo "$want" > "$stamp"
