@@ -298,8 +298,10 @@ def build_parser() -> argparse.ArgumentParser:
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
+    from mdata.distribution import DISTRIBUTION
+
     try:
-        return version("mdata")
+        return version(DISTRIBUTION)  # not "mdata": that name on the index is another project
     except PackageNotFoundError:  # run from a checkout that was never installed
         return "unknown (not installed)"
 

@@ -43,6 +43,7 @@ __all__ = [
     "BatchError",
     "ExampleDataError",
     "MaterialNotFoundError",
+    "PackageShadowedError",
 ]
 
 
@@ -272,6 +273,11 @@ class ExampleDataError(MdataError):
 
 class MaterialNotFoundError(ExampleDataError):
     """The raw material of the example corpus is missing; ``bash scripts/setup.sh`` downloads it."""
+
+
+class PackageShadowedError(MdataError, ImportError):
+    """Python would import another package in place of mdata's ``scheduler_plugins`` or
+    ``workers`` (same name, found first); names both locations (see :mod:`mdata.distribution`)."""
 
 
 class MessageError(MdataError):

@@ -1,6 +1,6 @@
 """Figures of a simulated plan as PNG files, for ``mdata plan simulate --plots DIR``.
 
-Matplotlib is optional (``pip install mdata[plots]``); only this module imports it, lazily.
+Matplotlib is optional (``pip install 'mdata-orchestrator[plots]'``); only this module imports it, lazily.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mdata.distribution import install_hint
 from mdata.errors import PlanError
 
 __all__ = ["write_plots"]
@@ -24,7 +25,7 @@ def write_plots(result, folder: str | os.PathLike[str]) -> list[Path]:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise PlanError("--plots needs matplotlib: pip install 'mdata[plots]'") from None
+        raise PlanError(f"--plots needs matplotlib: {install_hint('plots')}") from None
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     steps = result.steps

@@ -12,6 +12,7 @@ import logging
 from distributed.diagnostics.plugin import WorkerPlugin
 
 import mdata.wire.frames  # noqa: F401  registers the batch wire format on this worker
+from mdata.distribution import shipped_object
 from mdata.wire.messages import (
     GetBatchRequest, SetRoleRequest, StorageWaitsRequest, TakeRowsManyRequest, TakeRowsRequest,
     serve,
@@ -57,6 +58,12 @@ class MdataWorkerPlugin(WorkerPlugin):
 
     idempotent = True
     name = PLUGIN_NAME
+
+    def __reduce__(self):
+        """Pickled as a call of :func:`mdata.distribution.shipped_object`: the worker that
+        unpickles it checks that its ``workers`` is mdata's before importing this module, so a
+        shadowing package fails there with a clear error instead of running."""
+        return shipped_object, ("workers.plugin", "MdataWorkerPlugin")
 
     def setup(self, worker) -> None:
         install_closed_comm_filter("distributed.worker", "distributed.batched")

@@ -14,9 +14,14 @@ from __future__ import annotations
 import io
 import zlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-from PIL import Image
+
+from mdata.sources.images import pillow  # Pillow is the `images` extra, imported when used
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 __all__ = ["CropSpec", "CaptionedImage", "decode_rgb", "plan_crops", "render_crop"]
 
@@ -82,7 +87,7 @@ def render_crop(photo: Image.Image, spec: CropSpec, subject: str) -> CaptionedIm
     """Cut, resize and JPEG-encode one view of a decoded RGB photograph, with its caption."""
     view = photo.crop(spec.box)
     if view.size != spec.size:
-        view = view.resize(spec.size, Image.Resampling.BICUBIC)
+        view = view.resize(spec.size, pillow().Resampling.BICUBIC)
     buffer = io.BytesIO()
     view.save(buffer, format="JPEG", quality=_JPEG_QUALITY)
     width, height = spec.size
@@ -91,6 +96,7 @@ def render_crop(photo: Image.Image, spec: CropSpec, subject: str) -> CaptionedIm
 
 def decode_rgb(data: bytes) -> Image.Image:
     """Decode a PNG/JPEG to RGB; transparency (the horse silhouette) is flattened onto white."""
+    Image = pillow()
     with Image.open(io.BytesIO(data)) as image:
         image.load()
         if image.mode in ("RGBA", "LA", "P"):

@@ -45,6 +45,7 @@ from mdata.data.report import CONTEXT_TOKENS, CorpusReport, SourceStats, length_
 from mdata.data.shards import Layout, ShardFile, write_shards
 from mdata.data.texts import normalize_text, split_passages, split_scenes, split_speeches
 from mdata.errors import ExampleDataError
+from mdata.sources.images import pillow
 
 if TYPE_CHECKING:
     from mdata.sources import Source
@@ -135,6 +136,10 @@ def build_example_corpus(
     manifest = _complete_manifest(root, size)
     if manifest is not None:
         return _report(root, manifest, time.perf_counter() - started, reused=True)
+    try:
+        pillow()  # the captions source cuts real photographs
+    except ImportError as exc:
+        raise ExampleDataError(f"building the example corpus: {exc}") from None
 
     found = locate_material(material)
     docs_dir = Path(python_docs) if python_docs is not None else PYTHON_DOCS_DIR

@@ -262,7 +262,9 @@ def start_cluster(
     from distributed import Scheduler, SpecCluster
 
     from mdata import config
+    from mdata.distribution import check_runtime_packages
 
+    check_runtime_packages()  # before a scheduler preloads a `scheduler_plugins` that is not ours
     constructors = config.get("cluster.constructors") if constructors is None else constructors
     constructor_threads = (
         config.get("cluster.constructor-threads") if constructor_threads is None else constructor_threads

@@ -6,6 +6,8 @@ pixel count exceeds the limit *before* decoding it (a 20,000 x 20,000 PNG would 
 smaller than the original (``Image.draft``: several times faster for photos), then resize to a size
 whose sides are multiples of the patch size and whose patch count fits the budget, so the vision
 encoder's token count (``num_patches``) is known exactly at load time.
+
+Pillow is the ``images`` extra, imported on the first decode, so text-only processes go without it.
 """
 
 from __future__ import annotations
@@ -14,25 +16,35 @@ import io
 import math
 
 import numpy as np
-from PIL import Image
 
-__all__ = ["ImageProblem", "decode_image", "fit_patches"]
+from mdata.distribution import install_hint
+
+__all__ = ["ImageProblem", "decode_image", "fit_patches", "pillow"]
 
 #: Formats the decoder accepts; anything else is rejected from the header, without a decode attempt.
 FORMATS = ("JPEG", "PNG", "WEBP")
 
-#: EXIF orientation -> the transpose that shows the image upright (as ImageOps.exif_transpose).
+#: EXIF orientation -> the ``Image.Transpose`` that shows the image upright (as ImageOps.exif_transpose).
 _ORIENT = {
-    2: Image.Transpose.FLIP_LEFT_RIGHT,
-    3: Image.Transpose.ROTATE_180,
-    4: Image.Transpose.FLIP_TOP_BOTTOM,
-    5: Image.Transpose.TRANSPOSE,
-    6: Image.Transpose.ROTATE_270,
-    7: Image.Transpose.TRANSVERSE,
-    8: Image.Transpose.ROTATE_90,
+    2: "FLIP_LEFT_RIGHT",
+    3: "ROTATE_180",
+    4: "FLIP_TOP_BOTTOM",
+    5: "TRANSPOSE",
+    6: "ROTATE_270",
+    7: "TRANSVERSE",
+    8: "ROTATE_90",
 }
 #: EXIF orientations that rotate by 90 degrees (swap height and width).
 _TRANSPOSED = {5, 6, 7, 8}
+
+
+def pillow():
+    """``PIL.Image``; an ``ImportError`` that says which extra installs it when Pillow is missing."""
+    try:
+        from PIL import Image
+    except ImportError:
+        raise ImportError(f"decoding images needs Pillow, which is not installed: {install_hint('images')}") from None
+    return Image
 
 
 class ImageProblem(ValueError):
@@ -74,6 +86,7 @@ def decode_image(
             f"image value is {type(data).__name__}, not bytes",
             "store encoded JPEG/PNG bytes in the image column",
         )
+    Image = pillow()
     try:
         im = Image.open(io.BytesIO(data), formats=FORMATS)
     except Image.DecompressionBombError as exc:
@@ -106,7 +119,7 @@ def decode_image(
             im.draft("RGB", (th, tw) if orientation in _TRANSPOSED else (tw, th))
             rgb = im.convert("RGB")
             if orientation in _ORIENT:
-                rgb = rgb.transpose(_ORIENT[orientation])
+                rgb = rgb.transpose(Image.Transpose[_ORIENT[orientation]])
             if rgb.size != (tw, th):
                 rgb = rgb.resize((tw, th), Image.Resampling.BICUBIC)
             return np.asarray(rgb, dtype=np.uint8)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import fsspec
 
+from mdata.distribution import install_hint
 from mdata.errors import CorruptShardError, MdataError, SourceError, SourceNotFoundError
 from mdata.sources.endpoints import endpoint_of, has_answered, mark_answered, never_answered_error
 from mdata.sources.faults import storage_failure
@@ -74,6 +75,8 @@ def resolve_shard_paths(
     try:
         fs, path = fsspec.core.url_to_fs(source.url, **_copy_options(source.storage_options or {}))
     except Exception as exc:  # unknown protocol, missing package, bad storage_options
+        if isinstance(exc, ImportError) and source.url.startswith(("s3://", "s3a://")):
+            hint = f"s3:// needs s3fs, the s3 extra: {install_hint('s3')}"
         raise SourceError(
             f"cannot open URL {source.url!r}: {type(exc).__name__}: {exc}", source=source.name, hint=hint
         ) from exc

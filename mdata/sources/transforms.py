@@ -25,9 +25,9 @@ from typing import Any, ClassVar, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from mdata.errors import ImageDecodeError, SampleError, TransformConfigError
+from mdata.errors import ImageDecodeError, SampleError, SourceError, TransformConfigError
 from mdata.sources.fields import FieldKind
-from mdata.sources.images import ImageProblem, decode_image
+from mdata.sources.images import ImageProblem, decode_image, pillow
 from mdata.sources.tokenizer import Tokenizer, get_tokenizer
 
 __all__ = [
@@ -345,6 +345,10 @@ class DecodeImageCaption(_Tokenizing, SampleTransform):
     def __call__(
         self, columns: Mapping[str, Sequence[Any]], *, context: ChunkContext, **kwargs: Any
     ) -> TransformResult:
+        try:
+            pillow()  # a missing decoder fails the chunk, not each sample within skip_tolerance
+        except ImportError as exc:
+            raise SourceError(str(exc), source=context.source, shard=context.shard_path) from None
         tok = self._tokenizer()
         captions, positions, errors = _texts(columns[self.caption_field], self.caption_field, context)
         images: dict[int, np.ndarray] = {}

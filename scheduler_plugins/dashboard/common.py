@@ -2,20 +2,17 @@
 
 The Planner plugin puts itself at ``scheduler.extensions["mdata"]`` when it starts; a page opened
 before that (or on a scheduler without the preload) must say so instead of failing, so every
-lookup here returns ``None`` rather than raising.
+lookup here returns ``None`` rather than raising. Bokeh (the ``dashboard`` extra) is imported
+only by the page code below, so the JSON routes, which share the lookups, run without it.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from bokeh.models import Select
-from bokeh.palettes import Category10_10
-
 if TYPE_CHECKING:
     from scheduler_plugins.job_runtime import JobRuntime
 
-PALETTE = Category10_10
 NO_PLANNER = "no mdata Planner on this scheduler (start it with --preload scheduler_plugins.planner)"
 LATEST = "(latest job)"
 NO_JOB = "no mdata job registered yet (mdata.driver.submit_job or a Loader with plan=)"
@@ -43,7 +40,9 @@ def find_job(scheduler, name: str | None) -> "JobRuntime | None":
 
 
 def colour(i: int) -> str:
-    return PALETTE[i % len(PALETTE)]
+    from bokeh.palettes import Category10_10
+
+    return Category10_10[i % len(Category10_10)]
 
 
 class JobSelect:
@@ -59,6 +58,8 @@ class JobSelect:
         self.scheduler = scheduler
         self.pinned = job
         self._refreshing = False
+        from bokeh.models import Select
+
         self.widget = Select(title="job", options=[LATEST], value=LATEST, width=220, **kwargs)
         self.widget.on_change("value", self._chosen)
 

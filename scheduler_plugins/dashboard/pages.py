@@ -12,36 +12,47 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, MutableMapping
 
-from scheduler_plugins.dashboard.balance import balance_doc
-from scheduler_plugins.dashboard.lineage import lineage_doc
-from scheduler_plugins.dashboard.mixture import mixture_doc
-from scheduler_plugins.dashboard.sources import sources_doc
-from scheduler_plugins.dashboard.trainers import trainers_doc
+from mdata.distribution import install_hint
 
 logger = logging.getLogger("mdata.dashboard")
 
-PAGES: dict[str, Callable] = {
-    "/individual-mdata-sources": sources_doc,
-    "/individual-mdata-mixture": mixture_doc,
-    "/individual-mdata-balance": balance_doc,
-    "/individual-mdata-trainers": trainers_doc,
-    "/individual-mdata-lineage": lineage_doc,
-}
+#: The routes of mdata's pages (their functions: :func:`page_functions`).
+PAGES = (
+    "/individual-mdata-sources",
+    "/individual-mdata-mixture",
+    "/individual-mdata-balance",
+    "/individual-mdata-trainers",
+    "/individual-mdata-lineage",
+)
+
+
+def page_functions() -> dict[str, Callable]:
+    """Each route's page function. The panels import Bokeh, the ``dashboard`` extra, so this is
+    called only where a dashboard is built."""
+    from scheduler_plugins.dashboard.balance import balance_doc
+    from scheduler_plugins.dashboard.lineage import lineage_doc
+    from scheduler_plugins.dashboard.mixture import mixture_doc
+    from scheduler_plugins.dashboard.sources import sources_doc
+    from scheduler_plugins.dashboard.trainers import trainers_doc
+
+    return dict(zip(PAGES, (sources_doc, mixture_doc, balance_doc, trainers_doc, lineage_doc)))
 
 
 def register_pages(applications: MutableMapping[str, Callable] | None = None) -> list[str]:
     """Add mdata's pages to distributed's dashboard table (idempotent); returns the routes added.
 
-    With ``applications=None`` the table is distributed's own; if its dashboard cannot be imported
-    (bokeh missing or of a version distributed refuses) nothing is registered and a warning says
-    why, since the JSON routes still serve the same figures.
+    With ``applications=None`` the table is distributed's own; if its dashboard or our pages
+    cannot be imported (bokeh missing, or of a version distributed refuses) nothing is registered
+    and a warning says why, since the JSON routes still serve the same figures.
     """
-    if applications is None:
-        try:
+    try:
+        if applications is None:
             from distributed.dashboard.scheduler import applications
-        except ImportError as exc:
-            logger.warning("mdata dashboard pages not registered: %s; /mdata/api/ still works", exc)
-            return []
-    added = [route for route in PAGES if applications.get(route) is not PAGES[route]]
-    applications.update(PAGES)
+        pages = page_functions()
+    except ImportError as exc:
+        logger.warning("mdata dashboard pages not registered: %s (%s); /mdata/api/ still works",
+                       exc, install_hint("dashboard"))
+        return []
+    added = [route for route in PAGES if applications.get(route) is not pages[route]]
+    applications.update(pages)
     return added

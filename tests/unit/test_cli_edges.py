@@ -22,7 +22,7 @@ def test_version_prints_the_installed_distribution(capsys):
     assert exit_.value.code == 0
     from importlib.metadata import version
 
-    assert capsys.readouterr().out.strip() == f"mdata {version('mdata')}"
+    assert capsys.readouterr().out.strip() == f"mdata {version('mdata-orchestrator')}"
 
 
 def test_a_reader_that_leaves_early_is_not_an_error(example_corpus, tmp_path):
