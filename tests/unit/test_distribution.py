@@ -11,6 +11,7 @@ tests/e2e/test_user_install.py.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tomllib
@@ -136,3 +137,15 @@ print("pages registered:", register_pages({}))
     assert out[4:] == ["pages registered: []"]
     warning = [line for line in proc.stderr.splitlines() if "dashboard pages not registered" in line]
     assert warning and install_hint("dashboard") in warning[-1], proc.stderr[-3000:]
+
+
+def test_no_install_hint_names_the_other_projects_mdata():
+    """`pip install mdata` would install an unrelated project from the index."""
+    wrong = re.compile(r"pip install [\"']?(?:-\S+ )*mdata(?![\w-])")
+    places = [REPO / "README.md", *(REPO / "docs").rglob("*.md"), *(REPO / "notebooks").glob("*.ipynb")]
+    for folder in ("mdata", "scheduler_plugins", "workers", "benchmarks", "scripts"):
+        places += [p for p in (REPO / folder).rglob("*") if p.suffix in (".py", ".sh", ".md", ".yaml")]
+    hits = [f"{p.relative_to(REPO)}:{n}: {line.strip()}" for p in places
+            for n, line in enumerate(p.read_text().splitlines(), 1) if wrong.search(line)]
+    assert not hits, "\n".join(hits)
+    assert wrong.search("pip install 'mdata[plots]'") and not wrong.search(install_hint("plots"))
