@@ -2,24 +2,29 @@
 promise: plots and tables from the offline plan exploration; a live job's status, a sample's story
 and a checkpoint equal to what the trainers consumed.
 
-Notebooks are committed without outputs; this test executes them with nbclient in the venv's own
-Python (checked below), so a stale API in a notebook fails CI rather than a reader.
+Notebooks are committed without outputs; this test executes them the documented way,
+``scripts/render_notebooks.sh`` (``jupyter execute --output``, in the venv's own Python, checked
+below), and reads what the executed copy keeps, so a stale API in a notebook or a broken render
+command fails CI rather than a reader.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
 import nbformat
 import pytest
 from jupyter_client.kernelspec import KernelSpecManager
-from nbclient import NotebookClient
 
 pytestmark = pytest.mark.e2e
 
-NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
+REPO = Path(__file__).resolve().parents[2]
+NOTEBOOKS = REPO / "notebooks"
+RENDER = REPO / "scripts" / "render_notebooks.sh"
 CELL_TIMEOUT_S = 180
 
 
@@ -33,15 +38,25 @@ def _check_kernel_is_this_python() -> None:
                     f"run `{sys.executable} -m ipykernel install --sys-prefix`")
 
 
-def _execute(name: str) -> nbformat.NotebookNode:
+def _execute(name: str, out: Path) -> nbformat.NotebookNode:
+    """Render ``name`` into ``out`` with the documented command; the executed copy, which keeps
+    every code cell's outputs (the committed notebook has none)."""
     _check_kernel_is_this_python()
-    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
-    for cell in nb.cells:
+    committed = nbformat.read(NOTEBOOKS / name, as_version=4)
+    for cell in committed.cells:
         if cell.cell_type == "code":
             assert cell.outputs == [] and cell.execution_count is None, f"{name} is committed with outputs"
-    client = NotebookClient(nb, kernel_name="python3", timeout=CELL_TIMEOUT_S,
-                            resources={"metadata": {"path": str(NOTEBOOKS)}})
-    client.execute()  # raises CellExecutionError on the first cell that fails
+    env = {**os.environ, "PYTHON": sys.executable, "MDATA_NB_CELL_TIMEOUT": str(CELL_TIMEOUT_S)}
+    proc = subprocess.run(["bash", str(RENDER), "--out", str(out), str(NOTEBOOKS / name)],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]  # the failing cell's traceback
+    rendered = out / name
+    assert proc.stdout.strip().endswith(f"wrote {rendered}"), proc.stdout[-2000:]
+    nb = nbformat.read(rendered, as_version=4)
+    code = [cell for cell in nb.cells if cell.cell_type == "code"]
+    assert len(code) == sum(cell.cell_type == "code" for cell in committed.cells)
+    assert all(cell.execution_count for cell in code), "a code cell was not executed"
+    assert sum(bool(cell.outputs) for cell in code) >= len(code) // 2, "the copy kept no outputs"
     return nb
 
 
@@ -59,11 +74,11 @@ def _outputs(nb: nbformat.NotebookNode) -> tuple[str, list[str], int]:
     return "".join(text), htmls, images
 
 
-def test_explore_plan_notebook(example_corpus, monkeypatch):
+def test_explore_plan_notebook(example_corpus, monkeypatch, tmp_path):
     monkeypatch.setenv("MDATA_EXAMPLE_DATA", str(example_corpus))
     monkeypatch.setenv("MDATA_NB_STEPS", "24")
     monkeypatch.setenv("MDATA_NB_DP", "4")
-    text, htmls, images = _outputs(_execute("explore_plan.ipynb"))
+    text, htmls, images = _outputs(_execute("explore_plan.ipynb", tmp_path))
     assert images == 5  # lengths, mixture, per-rank cost, baseline, staged variant
     assert any(h.startswith("<div><strong>mdata Plan</strong>") for h in htmls)
     assert any(h.startswith("<div><strong>simulation: 24 steps, mean max/LB") for h in htmls)
@@ -86,11 +101,11 @@ def test_explore_plan_notebook(example_corpus, monkeypatch):
 
 
 @pytest.mark.cluster
-def test_live_cluster_notebook(example_corpus, monkeypatch):
+def test_live_cluster_notebook(example_corpus, monkeypatch, tmp_path):
     monkeypatch.setenv("MDATA_EXAMPLE_DATA", str(example_corpus))
     monkeypatch.setenv("MDATA_NB_STEPS", "3")
     monkeypatch.delenv("MDATA_SCHEDULER", raising=False)
-    text, htmls, _ = _outputs(_execute("live_cluster.ipynb"))
+    text, htmls, _ = _outputs(_execute("live_cluster.ipynb", tmp_path))
     assert re.search(r"worker tcp://\S+: resources \{'pool_chat': 1, 'pool_code': 1\}", text)
     assert re.search(r"worker tcp://\S+: resources \{'mdata_constructor': 2\}", text)
     assert "consumed step (handle): 3 | failure: None" in text
