@@ -15,8 +15,8 @@ Everything here is integer arithmetic (and numpy for the vectorised forms), so a
 handled in one process in microseconds; no per-rank objects are created unless asked for.
 """
 
-from __future__ import annotations
-
+# No postponed annotations here: the constructors NamedTuple generates carry these field types,
+# and tools that read them (the API reference, scripts/build_docs.py) cannot resolve ``np`` there.
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
@@ -370,6 +370,7 @@ class ClientPlaceTree:
         return self.rank(coord._replace(**{broadcast_at: 0}))
 
     def describe(self) -> str:
+        """One line with every axis and the world size, for logs and error messages."""
         return (
             f"ClientPlaceTree(dp={self.dp}, pp={self.pp}, cp={self.cp}, tp={self.tp}, "
             f"order={self.order!r}, world_size={self.world_size})"

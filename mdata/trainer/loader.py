@@ -376,6 +376,7 @@ class Loader:
         ))
 
     def close(self) -> None:
+        """Stop prefetching, tell the Planner what the loop consumed, and end the rank's lease."""
         stop = getattr(self, "_stop", None)
         if stop is not None:
             stop.set()
