@@ -39,8 +39,9 @@ AXES: tuple[str, ...] = ("dp", "pp", "cp", "tp")
 
 #: Where the trainer broadcasts on the GPU instead of receiving from the constructor:
 #: ``"tp"`` (only TP rank 0 of each group receives), ``"cp"`` (only CP rank 0 receives whole
-#: sequences and broadcasts them; each CP rank cuts its slice), or ``None`` (every rank receives
-#: its own copy). Pipeline stages need different fields, so ``"pp"`` is no broadcast axis.
+#: sequences and broadcasts them; each CP rank cuts its slice), ``"pp"`` (only the first
+#: pipeline stage receives, with the labels of the last), or ``None`` (every rank receives its
+#: own copy).
 BroadcastAxis = Literal["tp", "cp", "pp"] | None
 
 _BROADCAST_AXES = ("tp", "cp", "pp")

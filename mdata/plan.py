@@ -149,7 +149,8 @@ class Plan:
         return self._with(mesh=mesh)
 
     def broadcast_at(self, axis: BroadcastAxis) -> "Plan":
-        """Who receives data in a DP group: every rank (None), TP rank 0 ("tp") or CP rank 0 ("cp")."""
+        """Who receives data in a DP group: every rank (None), TP rank 0 ("tp"), CP rank 0 ("cp")
+        or the first pipeline stage ("pp"); the others get it by broadcast (docs/batch.md)."""
         _check_broadcast_axis(axis)
         return self._with(broadcast=axis)
 

@@ -226,3 +226,18 @@ def test_the_worked_example_is_what_the_constructor_builds():
     for row in table:
         (mb,) = views[row["view"]].micro_batches
         assert mb[row["field"]].tolist() == [int(v) for v in row["values"].split()], row
+
+
+def _anchor(heading: str) -> str:
+    """The anchor a Markdown renderer gives a heading (GitHub's rule)."""
+    text = heading.lstrip("#").strip().lower().replace("`", "")
+    return re.sub(r"[^a-z0-9 _-]", "", text).replace(" ", "-")
+
+
+def test_the_links_of_the_batch_and_recipe_pages_land_on_their_headings():
+    docs = DOC.parent
+    anchors = {page.name: {_anchor(line) for line in page.read_text().splitlines()
+                           if line.startswith("#")} for page in docs.glob("*.md")}
+    for name in ("batch.md", "recipes.md"):
+        for target, anchor in re.findall(r"\]\(([\w.-]*\.md|)#([\w-]+)\)", (docs / name).read_text()):
+            assert anchor in anchors[target or name], f"{name} links to {target or name}#{anchor}"
