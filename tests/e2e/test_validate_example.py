@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -21,12 +20,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
 REPO = Path(__file__).resolve().parents[2]
 VALIDATE = REPO / "docs" / "examples" / "validate.py"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _notes(folder: Path, shards: int, words: str) -> None:
@@ -51,7 +44,7 @@ def _plan(folder: Path, seed: int):
 
 
 def test_validate_py_evaluates_a_second_job_every_n_steps(tmp_path):
-    from test_cluster_up import cluster_up, stop
+    from test_cluster_up import _free_port, cluster_up, stop
 
     from distributed import Client
 
