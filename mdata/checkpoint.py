@@ -142,10 +142,12 @@ class Checkpoint:
             ) from None
 
     def to_json(self) -> str:
+        """The checkpoint as JSON text (sorted keys: the same checkpoint, the same text)."""
         return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> "Checkpoint":
+        """Read what :meth:`to_json` wrote; text that is not a checkpoint is a CheckpointError."""
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:

@@ -125,6 +125,7 @@ class AttentionCost:
         return "attention"
 
     def describe(self) -> str:
+        """The formula with its coefficients, as plan reports print it."""
         return f"attention cost {self.a:g}*l^2 + {self.b:g}*l per document (l = tokens)"
 
     def __call__(self, num_tokens: np.ndarray, num_patches: np.ndarray) -> np.ndarray:
@@ -154,6 +155,7 @@ class ImagePatchCost:
         return "image_patches"
 
     def describe(self) -> str:
+        """The formula with its coefficients, as plan reports print it."""
         return f"image patch cost {self.per_patch:g}*p + {self.per_patch_sq:g}*p^2 (p = patches)"
 
     def __call__(self, num_tokens: np.ndarray, num_patches: np.ndarray) -> np.ndarray:
@@ -183,6 +185,7 @@ class CombinedCost:
         return "+".join(_model_name(m) for m in self.models)
 
     def describe(self) -> str:
+        """Each model's description, joined by ``+``."""
         parts = [m.describe() if hasattr(m, "describe") else _model_name(m) for m in self.models]
         return " + ".join(parts)
 

@@ -15,8 +15,8 @@ Everything here is integer arithmetic (and numpy for the vectorised forms), so a
 handled in one process in microseconds; no per-rank objects are created unless asked for.
 """
 
-from __future__ import annotations
-
+# No postponed annotations here: the constructors NamedTuple generates carry these field types,
+# and tools that read them (the API reference, scripts/build_docs.py) cannot resolve ``np`` there.
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
@@ -39,9 +39,9 @@ AXES: tuple[str, ...] = ("dp", "pp", "cp", "tp")
 
 #: Where the trainer broadcasts on the GPU instead of receiving from the constructor:
 #: ``"tp"`` (only TP rank 0 of each group receives), ``"cp"`` (only CP rank 0 receives whole
-#: sequences and broadcasts them; each CP rank cuts its slice), ``"pp"`` (only the first pipeline
-#: stage receives, with the inputs and the labels its pipeline needs), or ``None`` (every rank
-#: receives its own copy).
+#: sequences and broadcasts them; each CP rank cuts its slice), ``"pp"`` (only the first
+#: pipeline stage receives, with the labels of the last), or ``None`` (every rank receives its
+#: own copy).
 BroadcastAxis = Literal["tp", "cp", "pp"] | None
 
 _BROADCAST_AXES = ("tp", "cp", "pp")
@@ -371,6 +371,7 @@ class ClientPlaceTree:
         return self.rank(coord._replace(**{broadcast_at: 0}))
 
     def describe(self) -> str:
+        """One line with every axis and the world size, for logs and error messages."""
         return (
             f"ClientPlaceTree(dp={self.dp}, pp={self.pp}, cp={self.cp}, tp={self.tp}, "
             f"order={self.order!r}, world_size={self.world_size})"

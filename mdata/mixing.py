@@ -49,11 +49,13 @@ class MetricsRecord:
     metrics: Mapping[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-safe data (what a checkpoint keeps of a policy's metrics)."""
         return {"step": int(self.step), "rank": int(self.rank),
                 "metrics": {str(k): float(v) for k, v in self.metrics.items()}}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "MetricsRecord":
+        """The record :meth:`to_dict` wrote."""
         return cls(int(data["step"]), int(data["rank"]), dict(data["metrics"]))
 
 
@@ -393,9 +395,12 @@ class ExactApportioner:
         return counts, desired - base
 
     def state_dict(self) -> dict[str, Any]:
+        """The carries (JSON-safe): a resumed job keeps every source within one sample of its
+        cumulative target, as if it had never stopped."""
         return {"carry": [float(c) for c in self.carry]}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore the carries :meth:`state_dict` returned (one per source, or PlanError)."""
         carry = np.asarray(state["carry"], dtype=np.float64)
         if carry.shape != (self.num_sources,):
             raise PlanError(

@@ -150,7 +150,7 @@ class Plan:
 
     def broadcast_at(self, axis: BroadcastAxis) -> "Plan":
         """Who receives data in a DP group: every rank (None), TP rank 0 ("tp"), CP rank 0 ("cp")
-        or the first pipeline stage ("pp"); the trainer broadcasts to the others on the GPU."""
+        or the first pipeline stage ("pp"); the others get it by broadcast (docs/batch.md)."""
         _check_broadcast_axis(axis)
         return self._with(broadcast=axis)
 
@@ -192,12 +192,14 @@ class Plan:
         return self._cfg.sources
 
     def source_index(self, name: str) -> int:
+        """The position of source ``name`` in the plan: the ``source_index`` of its sample ids."""
         try:
             return self._cfg.names.index(name)
         except ValueError:
             raise PlanError(f"unknown source {name!r}; the plan's sources are {list(self._cfg.names)}") from None
 
     def chunk_rows(self, name: str) -> int:
+        """Rows per load task of source ``name`` (its ``Source.chunk_rows``)."""
         return self._cfg.chunk_rows[self.source_index(name)]
 
     @property

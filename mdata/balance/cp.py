@@ -26,8 +26,9 @@ def cp_zigzag_slices(length: int, cp: int) -> list[np.ndarray]:
     Padding rule: chunks have ``ceil(length / (2*cp))`` slots; the sequence is conceptually padded
     at its end to ``2*cp`` times that, and padding positions are left out of the returned indices.
     So the last ranks' chunks may be short (or empty for very short sequences); the constructor
-    pads every rank's slice to ``2 * ceil(length / (2*cp))`` tokens with padding that attends to
-    nothing and carries no loss.
+    pads every document to ``2*cp`` times the chunk, so every rank's slice has
+    ``2 * ceil(length / (2*cp))`` tokens; the padding ends its document, so no real token
+    attends to it under a causal mask, and it carries no loss.
     """
     if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or length < 0:
         raise PlanError(f"sequence length must be an int >= 0, got {length!r}")

@@ -57,15 +57,19 @@ class EmbeddedGroups:
         self.cluster = cluster
 
     def groups(self) -> dict[str, tuple[str, ...]]:
+        """Each pool's name and the sources its workers load."""
         return {name: spec.sources for name, spec in self.cluster.pools.items()}
 
     def threads(self, group: str) -> int:
+        """Loader threads per worker of pool ``group``."""
         return self.cluster.pools[group].threads
 
     def workers(self, group: str) -> int:
+        """Workers pool ``group`` was last asked to run."""
         return self.cluster.pools[group].workers
 
     def scale(self, group: str, n: int) -> None:
+        """Run ``n`` workers in pool ``group`` (:meth:`MdataCluster.scale_pool`)."""
         self.cluster.scale_pool(group, n)
 
 

@@ -130,6 +130,8 @@ class MdataCluster:
         return self.cluster.dashboard_link
 
     def client(self, **kwargs):
+        """A Dask client of this cluster that pulls batches straight from the workers
+        (``direct_to_workers``, as the Loader's own clients do); ``kwargs`` go to ``Client``."""
         from distributed import Client
 
         kwargs.setdefault("direct_to_workers", True)

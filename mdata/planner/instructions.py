@@ -152,7 +152,8 @@ class StepSummary:
             "skipped": self.skipped,
         }
 
-    def keys(self) -> list[str]:  # ``dict(summary)`` gives the JSON-safe form
+    def keys(self) -> list[str]:
+        """The summary's field names, so ``dict(summary)`` gives its JSON-safe form."""
         return list(self.to_dict())
 
     def __getitem__(self, name: str) -> Any:

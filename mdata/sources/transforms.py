@@ -93,9 +93,13 @@ class Transform(Protocol):
 
     produces_images: bool
 
-    def required_fields(self) -> Mapping[str, FieldKind]: ...
+    def required_fields(self) -> Mapping[str, FieldKind]:
+        """The fields the transform reads, with the kind of value each must hold."""
+        ...
 
-    def setup(self, **kwargs: Any) -> None: ...
+    def setup(self, **kwargs: Any) -> None:
+        """Warm up once per process (load a tokenizer...); idempotent."""
+        ...
 
     def __call__(
         self, columns: Mapping[str, Sequence[Any]], *, context: ChunkContext, **kwargs: Any

@@ -101,6 +101,8 @@ class SourceSpec:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str = "source") -> "SourceSpec":
+        """Read a source from plain data (a plan file's entry), checking every key; ``where``
+        names it in errors (``sources[2]``), so a bad file says which entry is wrong."""
         if not isinstance(data, Mapping):
             raise PlanError(f"{where} must be a mapping of source settings, got {data!r:.80}")
         unknown = sorted(set(map(str, data)) - set(_KEYS))

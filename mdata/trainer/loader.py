@@ -76,7 +76,8 @@ class Loader:
     """Iterate over the batches of one trainer rank; torch-friendly, checkpointable, bounded.
 
     Each item is a dict: ``step``, ``micro_batches`` (list of dicts of torch tensors: ``input_ids``,
-    ``labels``, ``position_ids``, ``cu_seqlens``... as the rank's role requires), ``sample_ids``.
+    ``labels``, ``position_ids``, ``cu_seqlens``... as the rank's role requires), ``sample_ids``;
+    every field is described in docs/batch.md.
     ``checkpoint`` resumes (under a plan whose mesh or batch may differ from the writer's);
     ``accept_appended_shards`` and ``allow_mixture_change`` as for :func:`submit_job`.
     """
@@ -376,6 +377,7 @@ class Loader:
         ))
 
     def close(self) -> None:
+        """Stop prefetching, tell the Planner what the loop consumed, and end the rank's lease."""
         stop = getattr(self, "_stop", None)
         if stop is not None:
             stop.set()

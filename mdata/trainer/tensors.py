@@ -301,6 +301,7 @@ class BatchLander:
         }
 
     def submit(self, batch: Batch) -> LandedBatch:
+        """Issue the copies of ``batch`` on the side stream and return at once."""
         staged: list[torch.Tensor] = []
         micro_batches = []
         nbytes = 0
