@@ -16,6 +16,8 @@ from mdata.balance import (
     greedy_pack_baseline,
     lower_bound,
 )
+from mdata.balance.lpt import PackState
+from mdata.balance.repack import fill_empty_micro_batches
 from mdata.cost import AttentionCost
 from mdata.errors import PlanError
 
@@ -200,6 +202,46 @@ def test_capacity_and_exactly_once_on_arbitrary_instances(tokens, dp, micro_batc
     if tokens.sum() * 2 <= dp * micro_batches * max_tokens:
         assert balance_step(tokens, costs, dp=dp, micro_batches=micro_batches,
                             max_tokens=max_tokens).num_micro_batches == micro_batches
+
+
+@given(
+    tokens=st.lists(st.integers(1, 128), min_size=1, max_size=60),
+    dp=st.integers(1, 6),
+    micro_batches=st.integers(2, 5),
+    stages=st.integers(1, 3),
+    seed=st.integers(0, 2**16),
+)
+@settings(max_examples=150, deadline=None)
+def test_a_micro_batch_is_empty_only_where_its_rank_has_fewer_samples_than_micro_batches(
+        tokens, dp, micro_batches, stages, seed):
+    tokens = np.array(tokens, dtype=np.int64)
+    costs = QUADRATIC(tokens, None) + np.random.default_rng(seed).uniform(0, 10, len(tokens))
+    a = balance_step(tokens, costs, dp=dp, micro_batches=micro_batches, max_tokens=128,
+                     seed=seed, stages=stages)
+    for r in range(dp):
+        held = np.bincount(a.micro_batch[a.rank == r], minlength=a.num_micro_batches)
+        assert np.count_nonzero(held == 0) == max(0, a.num_micro_batches - int(held.sum())), (r, held)
+
+
+def test_an_emptied_micro_batch_gets_the_cheapest_sample_of_the_costliest_one():
+    """Refinement can take the only sample out of a micro-batch; the fill pass moves one back in
+    from the same rank without raising its costliest micro-batch or changing its total."""
+    tok, cost = [10, 20, 30, 40, 5], [1.0, 4.0, 9.0, 16.0, 0.5]
+    st_ = PackState(5, dp=1, m=3, max_tokens=100)
+    st_.rank_of, st_.bin_of = [0] * 5, [0, 0, 1, 1, 1]  # micro-batch 2 is empty
+    for i, b in enumerate(st_.bin_of):
+        st_.bin_tokens[0][b] += tok[i]
+        st_.bin_cost[0][b] += cost[i]
+    st_.rank_cost = [sum(cost)]
+    fill_empty_micro_batches(st_, tok, cost)
+    assert st_.bin_of == [0, 0, 1, 1, 2]  # sample 4 (cheapest) left micro-batch 1 (costliest)
+    assert st_.bin_tokens[0] == [30, 70, 5] and st_.bin_cost[0] == [5.0, 25.0, 0.5]
+    # free samples (a cost model that prices them at 0) all tie for the cheapest micro-batch
+    free = balance_step(np.full(8, 10), np.zeros(8), dp=1, micro_batches=4, max_tokens=100)
+    assert np.bincount(free.micro_batch, minlength=4).tolist() == [5, 1, 1, 1]
+    one = PackState(1, dp=1, m=2, max_tokens=100)
+    fill_empty_micro_batches(one, [10], [1.0])  # one sample, two micro-batches: one stays empty
+    assert one.bin_of == [0]
 
 
 @pytest.mark.parametrize(
