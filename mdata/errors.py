@@ -43,6 +43,7 @@ __all__ = [
     "BatchError",
     "ExampleDataError",
     "MaterialNotFoundError",
+    "UnmixedSourceWarning",
 ]
 
 
@@ -198,6 +199,12 @@ class TransformConfigError(MdataError, ValueError):
 
 class PlanError(MdataError):
     """A plan is invalid: bad weights, unknown source, a mesh that does not divide the batch..."""
+
+
+class UnmixedSourceWarning(UserWarning):
+    """A plan lists a source its mixture never mentions: the source gets weight 0 and is never
+    sampled. Give it a weight, or weight ``0`` to leave it out on purpose (which is silent);
+    ``warnings.simplefilter("error", UnmixedSourceWarning)`` makes it an error."""
 
 
 class MeshError(PlanError):

@@ -16,8 +16,9 @@ from typing import Any
 import yaml
 
 from mdata.errors import PlanError
+from mdata.spec.origin import SpecOrigin, yaml_lines
 
-__all__ = ["read_spec", "write_spec"]
+__all__ = ["read_plan_file", "read_spec", "write_spec"]
 
 _HEADER = ("# An mdata plan (schema: docs/plan-files.md). Load it with Plan.from_file(path),\n"
            "# `mdata plan show PATH`, or serve it with `mdata cluster up --plan PATH`.\n")
@@ -40,6 +41,13 @@ def write_spec(spec: dict[str, Any], path: str | os.PathLike[str]) -> Path:
 
 def read_spec(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The spec in the YAML or JSON file at ``path`` (PlanError naming the file when it is not one)."""
+    return read_plan_file(path)[0]
+
+
+def read_plan_file(path: str | os.PathLike[str]) -> tuple[dict[str, Any], SpecOrigin]:
+    """The spec in the file at ``path`` and where it came from: the file, and for YAML the line
+    of each key, so that what is wrong in it is reported at its line
+    (``Plan.from_spec(spec, origin=origin)``)."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -52,4 +60,4 @@ def read_spec(path: str | os.PathLike[str]) -> dict[str, Any]:
                         f"{exc}") from None
     if not isinstance(data, dict):
         raise PlanError(f"plan file {str(path)!r} holds a {type(data).__name__}, not a plan mapping")
-    return data
+    return data, SpecOrigin(str(path), {} if _is_json(path) else yaml_lines(text))
