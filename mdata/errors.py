@@ -43,6 +43,7 @@ __all__ = [
     "BatchError",
     "ExampleDataError",
     "MaterialNotFoundError",
+    "SampleNotPlannedError",
     "UnmixedSourceWarning",
 ]
 
@@ -219,6 +220,17 @@ class NoPoolError(PlanError):
     def __init__(self, message: str, *, source: str | None = None, resource: str | None = None) -> None:
         self.source = source
         self.resource = resource
+        super().__init__(message)
+
+
+class SampleNotPlannedError(MdataError, LookupError):
+    """A sample's story was asked for, but the job never planned it: it is not (yet) in any step
+    the Planner apportioned, or its shard or row does not exist in the source's listing.
+    ``job`` and ``sample_id`` (``source/shard/row``) name what was looked up."""
+
+    def __init__(self, message: str, *, job: str | None = None, sample_id: str | None = None) -> None:
+        self.job = job
+        self.sample_id = sample_id
         super().__init__(message)
 
 

@@ -199,7 +199,10 @@ class JobHandle:
         return int(self.status()["counters"]["consumed_step"])
 
     def story(self, sample_id: SampleId | str | Sequence[Any]) -> SampleStory:
-        """Where one sample (``SampleId``, ``"source/shard/row"`` or a tuple) came from and went."""
+        """Where one sample (``SampleId``, ``"source/shard/row"`` or a tuple) came from and went.
+
+        A sample the job never planned has no story: :class:`~mdata.errors.SampleNotPlannedError`
+        says why (no such shard or row in its source; not planned so far; its lineage let go)."""
         sid = _as_sample_id(sample_id)
         reply = self._ask(StoryRequest(self.job, sample_id=str(sid)))
         occurrences = tuple(Occurrence(o.lineage_id, tuple(o.events)) for o in reply.occurrences)
