@@ -46,7 +46,9 @@ from scheduler_plugins.request_checks import (
 from scheduler_plugins.standbys import StandbyKeeper
 from scheduler_plugins.storage_poll import StoragePoller
 from workers.loader import as_key
-from workers.plugin import PLUGIN_NAME, MdataWorkerPlugin, install_closed_comm_filter
+from workers.plugin import (
+    PLUGIN_NAME, MdataWorkerPlugin, RefusedRequestFilter, install_closed_comm_filter, install_log_filter,
+)
 
 logger = logging.getLogger("mdata.planner")
 
@@ -84,6 +86,7 @@ class PlannerPlugin(SchedulerPlugin):
     async def start(self, scheduler) -> None:
         self.scheduler = scheduler
         install_closed_comm_filter("distributed.batched")  # the scheduler's streams to workers
+        install_log_filter(RefusedRequestFilter, "distributed.core")  # typed answers: one line
         self._client_lock = asyncio.Lock()
         self.standbys = StandbyKeeper(scheduler, self.client)
         for address in list(scheduler.workers):  # workers that registered before the Planner
