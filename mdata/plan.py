@@ -324,7 +324,8 @@ class Plan:
     @classmethod
     def from_file(cls, path: Any, *, build_sources: bool = True, trust: Any = None) -> "Plan":
         """Read a plan file written by :meth:`to_file` or by hand (docs/plan-files.md); what is
-        wrong in it is reported with the file and line."""
+        wrong in it is reported with the file and line. ``build_sources`` and ``trust`` as for
+        :meth:`from_spec` (``mdata cluster up`` reads with the scheduler's trust)."""
         from mdata.spec.files import read_plan_file
 
         spec, origin = read_plan_file(path)
