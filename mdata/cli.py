@@ -240,6 +240,15 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--profile", default=None,
                     help="a profile of the plan's sources (`mdata profile`): lay the pools out from "
                     "it (default: expensive sources get a pool each, cheap ones share)")
+    up.add_argument("-v", "--verbose", action="count", default=0,
+                    help="show Dask's INFO log (-vv: DEBUG); by default only its warnings and errors")
+    up.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default=None,
+                    help="level of Dask's and mdata's log (default warning; overrides -v and "
+                    "DASK_LOGGING__DISTRIBUTED)")
+    up.add_argument("--status-every", type=float, default=None, metavar="SECONDS",
+                    help="seconds between each job's live line (step, steps/s, stall, sources "
+                    "waiting): default 1 on a terminal, rewritten in place, else 10, printed when "
+                    "it changed; 0: none")
     _layout_args(up)
     _tls_args(up, up=True)
     up.set_defaults(func=_cmd_cluster_up)

@@ -44,6 +44,8 @@ __all__ = [
     "ExampleDataError",
     "MaterialNotFoundError",
     "PackageShadowedError",
+    "SampleNotPlannedError",
+    "UnmixedSourceWarning",
 ]
 
 
@@ -201,6 +203,12 @@ class PlanError(MdataError):
     """A plan is invalid: bad weights, unknown source, a mesh that does not divide the batch..."""
 
 
+class UnmixedSourceWarning(UserWarning):
+    """A plan lists a source its mixture never mentions: the source gets weight 0 and is never
+    sampled. Give it a weight, or weight ``0`` to leave it out on purpose (which is silent);
+    ``warnings.simplefilter("error", UnmixedSourceWarning)`` makes it an error."""
+
+
 class MeshError(PlanError):
     """A device mesh or a rank coordinate is invalid for the world size."""
 
@@ -213,6 +221,17 @@ class NoPoolError(PlanError):
     def __init__(self, message: str, *, source: str | None = None, resource: str | None = None) -> None:
         self.source = source
         self.resource = resource
+        super().__init__(message)
+
+
+class SampleNotPlannedError(MdataError, LookupError):
+    """A sample's story was asked for, but the job never planned it: it is not (yet) in any step
+    the Planner apportioned, or its shard or row does not exist in the source's listing.
+    ``job`` and ``sample_id`` (``source/shard/row``) name what was looked up."""
+
+    def __init__(self, message: str, *, job: str | None = None, sample_id: str | None = None) -> None:
+        self.job = job
+        self.sample_id = sample_id
         super().__init__(message)
 
 

@@ -25,12 +25,13 @@ from __future__ import annotations
 import hashlib
 import html
 import json
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from mdata.cost import AttentionCost
-from mdata.errors import PlanError
+from mdata.errors import PlanError, UnmixedSourceWarning
 from mdata.identity import plan_fingerprint
 from mdata.mesh import BroadcastAxis, ClientPlaceTree, _check_broadcast_axis
 from mdata.mixing import MixtureSchedule, as_schedule
@@ -111,7 +112,18 @@ class Plan:
 
     # -- primitives ----------------------------------------------------------------------------
     def mix(self, mixture: MixtureSchedule | Mapping[str, float]) -> "Plan":
-        """Set the mixture: ``{source: weight}``, a schedule, or a :class:`MetricMixturePolicy`."""
+        """Set the mixture: ``{source: weight}``, a schedule, or a :class:`MetricMixturePolicy`.
+
+        A source of the plan that the mixture never mentions gets weight 0: that is warned about
+        (:class:`~mdata.errors.UnmixedSourceWarning`), as it is usually a source forgotten in the
+        weights; a weight of ``0`` says it on purpose and is silent."""
+        return self._mixed(mixture, where="", stacklevel=2)  # the caller of mix
+
+    def _mixed(self, mixture: MixtureSchedule | Mapping[str, float], *, where: str | None,
+               stacklevel: int = 1) -> "Plan":
+        """:meth:`mix`, with ``where`` (a plan file and line, or "": none) starting the warning;
+        ``where=None`` warns not at all (a spec a Plan wrote: that Plan's ``mix`` warned).
+        ``stacklevel``: the frame the warning points at, 1 being the caller of ``_mixed``."""
         schedule = as_schedule(mixture)
         mentioned = schedule.sources()
         if mentioned is not None:
@@ -122,6 +134,14 @@ class Plan:
                     f"{list(self._cfg.names)}"
                 )
             schedule.weights_vector(0, self._cfg.names)  # all-zero over the plan -> PlanError
+            left_out = [n for n in self._cfg.names if n not in mentioned]
+            if left_out and where is not None:
+                one = len(left_out) == 1
+                warnings.warn(UnmixedSourceWarning(
+                    f"{where}{'source' if one else 'sources'} {', '.join(map(repr, left_out))} of "
+                    f"the plan {'is' if one else 'are'} not in the mixture, so never sampled; give "
+                    f"{'it' if one else 'each'} a weight, or weight 0 to leave "
+                    f"{'it' if one else 'them'} out on purpose"), stacklevel=stacklevel + 1)
         return self._with(mixture=schedule)
 
     def cost(self, model: Callable) -> "Plan":
@@ -285,15 +305,18 @@ class Plan:
 
     @classmethod
     def from_spec(cls, spec: Mapping[str, Any], *, build_sources: bool = True,
-                  trust: Any = None) -> "Plan":
+                  trust: Any = None, origin: Any = None) -> "Plan":
         """The Plan ``spec`` describes (validated like the builder calls it stands for).
 
         ``build_sources=False`` keeps each source as a :class:`~mdata.spec.SourceSpec` instead of
         importing its transform; ``trust`` (a :class:`~mdata.spec.Trust`) limits which cost models
-        and mixture policies may be imported (everything by default)."""
+        and mixture policies may be imported (everything by default); ``origin`` (a
+        :class:`~mdata.spec.SpecOrigin`) is the file it was read from, named with the line in
+        errors and warnings (None: a spec a Plan wrote)."""
         from mdata.spec.plan_spec import plan_from_spec
 
-        return plan_from_spec(spec, plan_cls=cls, build_sources=build_sources, trust=trust)
+        return plan_from_spec(spec, plan_cls=cls, build_sources=build_sources, trust=trust,
+                              origin=origin)
 
     def to_file(self, path: Any) -> Any:
         """Write the plan's spec to ``path`` (YAML; JSON for a ``.json`` name); returns the path."""
@@ -302,11 +325,14 @@ class Plan:
         return write_spec(self.to_spec(), path)
 
     @classmethod
-    def from_file(cls, path: Any, *, build_sources: bool = True) -> "Plan":
-        """Read a plan file written by :meth:`to_file` or by hand (docs/plan-files.md)."""
-        from mdata.spec.files import read_spec
+    def from_file(cls, path: Any, *, build_sources: bool = True, trust: Any = None) -> "Plan":
+        """Read a plan file written by :meth:`to_file` or by hand (docs/plan-files.md); what is
+        wrong in it is reported with the file and line. ``build_sources`` and ``trust`` as for
+        :meth:`from_spec` (``mdata cluster up`` reads with the scheduler's trust)."""
+        from mdata.spec.files import read_plan_file
 
-        return cls.from_spec(read_spec(path), build_sources=build_sources)
+        spec, origin = read_plan_file(path)
+        return cls.from_spec(spec, build_sources=build_sources, trust=trust, origin=origin)
 
     # -- identity ------------------------------------------------------------------------------
     def config(self) -> dict[str, Any]:

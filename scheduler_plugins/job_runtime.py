@@ -539,6 +539,7 @@ class JobRuntime:
             chunks_in_memory=len(self.chunk_futures),
             batches_in_memory=len(self.batch_futures),
             trainer_wait_s={str(k): float(v) for k, v in self.wait_seconds.items()},
+            trainer_stall_s={str(k): float(v) for k, v in self.stalled_seconds.items()},
             consumed_steps={str(k): int(v) for k, v in self.consumed_steps.items()},
             counters=StatusCounters(
                 planned_step=view.planned_step,

@@ -32,12 +32,14 @@ import uuid
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+from mdata.errors import MdataError, SampleNotPlannedError
 from mdata.ids import SampleId
 from mdata.lineage import LineageSegment
 from mdata.lineage_limits import (
     PENDING_CAP, RETENTION, WRITE_FAILED, LineageGaps, SpillLimits, WrittenRange, format_bytes,
 )
 from mdata.lineage_spill import TABLES, SpilledLineage, SpillRange, StoryQuery
+from mdata.sample_lookup import check_sample_exists, not_planned
 from mdata.wire.lineage_status import LineageSpillInfo
 
 if TYPE_CHECKING:
@@ -276,6 +278,33 @@ class LineageStore:
 
 
 # -- stories over the whole run ------------------------------------------------------------------
+def story_sample(runtime: "JobRuntime", sample_id: str) -> SampleId:
+    """The sample id a page, a route or ``JobHandle.story`` asks about, checked against the job:
+    an MdataError for a malformed id or an unknown source, a SampleNotPlannedError for a shard or
+    row its source does not have (read from the job's listings, which never change)."""
+    try:
+        sid = SampleId.parse(sample_id)
+    except ValueError as exc:
+        raise MdataError(f"job {runtime.job!r}: {exc}") from None
+    names = list(runtime.view.names)
+    if sid.source not in names:
+        raise MdataError(
+            f"job {runtime.job!r}: unknown source {sid.source!r} in sample id {sample_id!r}; "
+            f"sources: {names}"
+        )
+    check_sample_exists(sid, runtime.job, runtime.state.orders[names.index(sid.source)].row_counts)
+    return sid
+
+
+def never_planned(runtime: "JobRuntime", sid: SampleId) -> SampleNotPlannedError:
+    """What a story lookup that found no occurrence of ``sid`` answers: not planned so far, and
+    which lineage is no longer there to tell (:func:`mdata.sample_lookup.not_planned`)."""
+    store = getattr(runtime, "lineage", None)
+    return not_planned(sid, runtime.job, runtime.view.planned_step,
+                       forgotten_before=int(runtime.state.dgraph.forgotten_before) if store is None else 0,
+                       lineage_note=store.note() if store is not None else "")
+
+
 def story_query(runtime: "JobRuntime", sid: SampleId) -> StoryQuery:
     """What the story of ``sid`` needs: call it holding ``runtime.lock`` (or with it free, on the
     loop), as the DGraph is copied from and the ranges spilled under that lock."""

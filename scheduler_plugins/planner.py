@@ -27,7 +27,6 @@ from tornado.ioloop import PeriodicCallback
 from mdata import planner as ps
 from mdata.checkpoint import Checkpoint
 from mdata.errors import MdataError, PlanError
-from mdata.ids import SampleId
 from mdata.plan import Plan
 from mdata.planner.callers import JobCallers
 from mdata.spec import scheduler_trust
@@ -47,7 +46,9 @@ from scheduler_plugins.request_checks import (
 from scheduler_plugins.standbys import StandbyKeeper
 from scheduler_plugins.storage_poll import StoragePoller
 from workers.loader import as_key
-from workers.plugin import PLUGIN_NAME, MdataWorkerPlugin, install_closed_comm_filter
+from workers.plugin import (
+    PLUGIN_NAME, MdataWorkerPlugin, RefusedRequestFilter, install_closed_comm_filter, install_log_filter,
+)
 
 logger = logging.getLogger("mdata.planner")
 
@@ -85,6 +86,7 @@ class PlannerPlugin(SchedulerPlugin):
     async def start(self, scheduler) -> None:
         self.scheduler = scheduler
         install_closed_comm_filter("distributed.batched")  # the scheduler's streams to workers
+        install_log_filter(RefusedRequestFilter, "distributed.core")  # typed answers: one line
         self._client_lock = asyncio.Lock()
         self.standbys = StandbyKeeper(scheduler, self.client)
         for address in list(scheduler.workers):  # workers that registered before the Planner
@@ -370,17 +372,15 @@ class PlannerPlugin(SchedulerPlugin):
 
     async def story(self, req: msg.StoryRequest) -> msg.StoryReply:
         """Every occurrence (one per epoch) of ``source/shard/row`` over the whole run, spilled
-        lineage included (scheduler_plugins.lineage_store): loaded, planned, delivered..."""
-        sid = SampleId.parse(req.sample_id)
+        lineage included (scheduler_plugins.lineage_store): loaded, planned, delivered...; a
+        SampleNotPlannedError saying why when there is none (no such sample, not planned yet)."""
         runtime = self._job(req.job)
-        names = list(runtime.view.names)
-        if sid.source not in names:
-            raise MdataError(f"unknown source {sid.source!r} in sample id {req.sample_id!r}; "
-                             f"sources: {names}")
+        sid = lineage_store.story_sample(runtime, req.sample_id)
+        occurrences = await lineage_store.story(runtime, sid)
+        if not occurrences:
+            raise lineage_store.never_planned(runtime, sid)
         return msg.StoryReply(tuple(
-            msg.StoryOccurrence(int(i), tuple(_jsonable(events)))
-            for i, events in await lineage_store.story(runtime, sid)
-        ))
+            msg.StoryOccurrence(int(i), tuple(_jsonable(events))) for i, events in occurrences))
 
     async def lineage(self, req: msg.LineageRequest) -> msg.LineageReply:
         """Planned sample ids per step and DP rank, from the DGraph (for exactly-once checks)."""

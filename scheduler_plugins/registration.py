@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from mdata.errors import NoPoolError, SourceError
+from mdata.wire.errors import error_from_msg
 from workers.loader import list_shards_task
 
 __all__ = ["JobLocks", "list_sources", "wait_for_pools"]
@@ -102,8 +103,13 @@ async def list_sources(client, scheduler, plan, pool_resource,
             "worker: check the loader's log; raise mdata.planner.listing-timeout for huge sources",
         ) from None
     finally:
-        with contextlib.suppress(Exception):  # never masks the listing's own error
-            await client.cancel(list(futures.values()))  # a stuck listing must not hold its task
+        stuck = [f for f in futures.values() if not f.done()]  # finished ones go with their futures
+        if stuck:
+            with contextlib.suppress(Exception):  # never masks the listing's own error
+                await client.cancel(stuck)  # a stuck listing must not hold its task
+    for result in results:  # a listing's typed error, sent as data (list_shards_task)
+        if "error" in result:
+            raise error_from_msg(result["error"])
     listings = {n: [list(s) for s in r["shards"]] for n, r in zip(names, results)}
     return (listings, [n for n, r in zip(names, results) if r["produces_images"]],
             {n: r["quarantined"] for n, r in zip(names, results) if r.get("quarantined")})

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from mdata.errors import PlanError, SourceError, UntrustedSourceError
+from mdata.errors import MdataError, PlanError, SourceError, UntrustedSourceError
 # Light modules only: the readers (pyarrow, fsspec) are imported by the first load or listing, so
 # the scheduler and constructors, which import this module for its names, never load them.
 from mdata.sources.chunk import SampleChunk
@@ -25,7 +25,7 @@ from mdata.sources.spec import Source
 from mdata.sources.waits import storage_waits, storage_waits_begun
 from mdata.spec import SourceSpec
 from mdata.spec.worker_trust import worker_trust
-from mdata.wire.errors import InvalidRequestError
+from mdata.wire.errors import InvalidRequestError, error_to_msg
 from mdata.wire.messages import (
     Status, StorageWaitsReply, StorageWaitsRequest, TakeRowsManyReply, TakeRowsManyRequest,
     TakeRowsReply, TakeRowsRequest,
@@ -96,7 +96,19 @@ def list_shards_task(source: Source | SourceSpec) -> dict[str, Any]:
     import check of its transform, named with this worker when it fails), then list its shards.
     Returns ``shards``, ``[[shard name, rows], ...]`` (names relative to the source's URL, so the
     listing says what the data is and the URL where it lives: a checkpoint names either change),
-    and whether the transform yields images."""
+    and whether the transform yields images.
+
+    A typed mdata error (no file matches the URL, an untrusted transform) is the registration's
+    answer, not a failure of this worker: it comes back as ``error`` (:func:`error_to_msg`), which
+    the registration raises as the same error, so the worker logs no traceback for a user's wrong
+    path."""
+    try:
+        return _list_source(source)
+    except MdataError as exc:
+        return {"error": error_to_msg(exc)}
+
+
+def _list_source(source: Source | SourceSpec) -> dict[str, Any]:
     try:
         built = build_source(source)
     except UntrustedSourceError as exc:  # typed, to the trainer or driver that registers the plan

@@ -13,6 +13,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 import mdata.wire.frames  # noqa: F401  registers the batch wire format on this worker
 from mdata.distribution import shipped_object
+from mdata.errors import MdataError
 from mdata.wire.messages import (
     GetBatchRequest, SetRoleRequest, StorageWaitsRequest, TakeRowsManyRequest, TakeRowsRequest,
     serve,
@@ -44,12 +45,46 @@ class ClosedCommTracebackFilter(logging.Filter):
         return True
 
 
+#: What Dask logs, with the traceback, when a handler raises ("Exception while handling op %s").
+HANDLER_FAILED = "Exception while handling op"
+
+
+class RefusedRequestFilter(logging.Filter):
+    """An mdata handler that answers a request with a typed mdata error logs one INFO line.
+
+    Such an error (a plan whose source path matches no file, a job name nobody registered, a
+    sample never planned) is the answer: Dask sends it to the caller, who raises it. Dask also
+    logs it as an ERROR with its traceback in the serving process, so one user's wrong path
+    printed tracebacks into the scheduler's log (and into ``mdata cluster up``'s terminal). It
+    stays one line, at INFO (shown when the logger is at INFO, as the dask CLI's default is);
+    any other exception of a handler is a bug and keeps its traceback.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        op = str(record.args[0]) if isinstance(record.args, tuple) and record.args else ""
+        if not (isinstance(exc, MdataError) and op.startswith("mdata_")
+                and str(record.msg).startswith(HANDLER_FAILED)):
+            return True
+        if not logging.getLogger(record.name).isEnabledFor(logging.INFO):
+            return False
+        record.msg, record.args = "%s answered its caller with %s: %s", (op, type(exc).__name__, exc)
+        record.levelno, record.levelname = logging.INFO, "INFO"
+        record.exc_info, record.exc_text = None, None
+        return True
+
+
 def install_closed_comm_filter(*loggers: str) -> None:
     """Add :class:`ClosedCommTracebackFilter` to Dask's ``loggers`` (once each)."""
+    install_log_filter(ClosedCommTracebackFilter, *loggers)
+
+
+def install_log_filter(kind: type[logging.Filter], *loggers: str) -> None:
+    """Add a ``kind`` filter to each of ``loggers`` that has none yet."""
     for name in loggers:
         log = logging.getLogger(name)
-        if not any(isinstance(f, ClosedCommTracebackFilter) for f in log.filters):
-            log.addFilter(ClosedCommTracebackFilter())
+        if not any(isinstance(f, kind) for f in log.filters):
+            log.addFilter(kind())
 
 
 class MdataWorkerPlugin(WorkerPlugin):
@@ -67,6 +102,7 @@ class MdataWorkerPlugin(WorkerPlugin):
 
     def setup(self, worker) -> None:
         install_closed_comm_filter("distributed.worker", "distributed.batched")
+        install_log_filter(RefusedRequestFilter, "distributed.core")  # loaders' typed refusals
         worker.handlers[TakeRowsRequest.handler.value] = serve(TakeRowsRequest, make_take_rows_handler(worker))
         worker.handlers[TakeRowsManyRequest.handler.value] = serve(
             TakeRowsManyRequest, make_take_rows_many_handler(worker))

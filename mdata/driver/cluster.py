@@ -13,7 +13,6 @@ Kubernetes worker groups or Slurm jobs; trainers attach by address.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -26,8 +25,7 @@ from mdata.errors import PlanError, RequestTimeoutError
 if TYPE_CHECKING:
     from mdata.pool_layout import LayoutPool, PoolLayout
 
-__all__ = ["PoolSpec", "MdataCluster", "start_cluster", "default_pools", "layout_pools",
-           "cluster_up_cli"]
+__all__ = ["PoolSpec", "MdataCluster", "start_cluster", "default_pools", "layout_pools"]
 
 PLANNER_PRELOAD = "scheduler_plugins.planner"
 CONSTRUCTOR_RESOURCE = "mdata_constructor"
@@ -317,90 +315,3 @@ def start_cluster(
     if config.get("cluster.autoscale") if autoscale is None else autoscale:
         out.autoscaler = PoolAutoscaler(out).start()
     return out
-
-
-def _plan_to_serve(path: str):
-    """The plan of ``mdata cluster up --plan``, read as the scheduler reads it (this process runs
-    the scheduler): sources stay specs, only built-in or trusted cost models and mixtures."""
-    from mdata.plan import Plan
-    from mdata.spec import read_spec, scheduler_trust
-
-    plan = Plan.from_spec(read_spec(path), build_sources=False, trust=scheduler_trust())
-    names_only = [s for s in plan.sources if isinstance(s, str)]
-    if names_only:
-        raise PlanError(f"plan file {path!r}: sources {names_only} are names only; a cluster serves "
-                        "sources with a url, format and transform")
-    return plan.validate()
-
-
-def _layout_to_serve(plan, args: argparse.Namespace):
-    """The pools of ``--profile`` (a file ``mdata profile`` wrote) at ``--rate`` steps/s, or the
-    fastest that fits ``--cores`` loader cores (default: this machine's CPUs less the
-    constructors' threads); None without a profile."""
-    if not getattr(args, "profile", None):
-        return None
-    import os
-
-    from mdata import config
-    from mdata.pool_layout import layout_for_plan
-    from mdata.profile import Profile
-
-    rate = getattr(args, "rate", None)
-    cores = None
-    if rate is None:
-        constructors = args.constructors if args.constructors is not None else config.get("cluster.constructors")
-        spare = (os.cpu_count() or 1) - int(constructors) * int(config.get("cluster.constructor-threads"))
-        cores = getattr(args, "cores", None) or max(1, spare)
-    return layout_for_plan(plan, Profile.load(args.profile), rate=rate, cores=cores,
-                           basis=getattr(args, "basis", "cpu"))
-
-
-def cluster_up_cli(args: argparse.Namespace) -> int:
-    """``mdata cluster up``: start the embedded cluster and wait. With ``--plan``, serve the plan
-    file's sources and register it as ``--job``; otherwise serve the example corpus."""
-    import time
-    from pathlib import Path
-
-    plan = layout = None
-    if getattr(args, "plan", None):
-        plan = _plan_to_serve(args.plan)
-        sources = list(plan.sources)
-        layout = _layout_to_serve(plan, args)
-    elif getattr(args, "profile", None):
-        raise PlanError("--profile lays out the pools of a plan's sources: give --plan too")
-    else:
-        from mdata.data.example import build_example_corpus, example_sources
-
-        if not (Path(args.data) / "manifest.json").exists():
-            build_example_corpus(args.data, size="small")
-        sources = example_sources(args.data)
-    if layout is not None:
-        print(layout, flush=True)
-    from mdata.driver.tls import cluster_security, tls_files_from_args, trainer_usage
-
-    tls = tls_files_from_args(args)  # None: plain TCP; else tls:// for every process (mdata.driver.tls)
-    security = None if tls is None else cluster_security(tls)
-    with start_cluster(sources, layout=layout, constructors=args.constructors, host=args.host,
-                       dashboard_address=args.dashboard_address, scheduler_port=args.port,
-                       security=security) as c:
-        print(f"scheduler: {c.scheduler_address}")
-        print(f"dashboard: {c.dashboard_link}")
-        print("pools: " + ", ".join(f"{p.name}={list(p.sources)} ({p.workers}x{p.threads})"
-                                    for p in c.pools.values()))
-        if plan is not None:
-            from distributed import Client
-
-            from mdata.driver.submit import submit_job
-
-            with Client(c.scheduler_address, set_as_default=False, security=security) as client:
-                info = submit_job(client, plan, job=args.job)
-            print(f"job: {args.job} (fingerprint {info['fingerprint']}, world size {info['world_size']})")
-        if tls is not None:
-            print(trainer_usage(tls, c.scheduler_address))
-        try:
-            print("press Ctrl-C to stop", flush=True)
-            while True:
-                time.sleep(3600)
-        except KeyboardInterrupt:
-            pass
-    return 0

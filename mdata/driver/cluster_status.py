@@ -15,6 +15,8 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
+from mdata.driver.progress import JobProgress
+
 __all__ = ["cluster_status", "describe_job", "describe_workers"]
 
 
@@ -37,20 +39,23 @@ def describe_workers(workers: Mapping[str, Mapping[str, Any]]) -> str:
 
 
 def describe_job(status: Mapping[str, Any], now: float | None = None) -> list[str]:
-    """The lines of one job's ``JobHandle.status()``: progress, failure, trainers' waits, pool
-    targets, sources waiting on storage."""
+    """The lines of one job's ``JobHandle.status()``: progress, failure, trainers' waits (their
+    prefetchers' and their training loops'), pool targets, sources waiting on storage."""
     now = time.time() if now is None else now
     c = status["counters"]
-    lines = [f"job {status['job']!r}: step {c['consumed_step']} consumed by every rank "
-             f"(balanced up to {c['balanced_step']}, planned up to {c['planned_step']}), "
-             f"up {status['uptime_s']:.0f}s"]
-    if status.get("failure"):
-        lines.append(f"  FAILED: {status['failure']}")
-    waits = {int(r): float(w) for r, w in (status.get("trainer_wait_s") or {}).items()}
-    if waits:
-        worst = max(waits, key=waits.get)
+    progress = JobProgress.of(status)  # the figures `cluster up`'s live line shows too
+    lines = [f"job {progress.job!r}: step {progress.step} consumed by every rank "
+             f"(balanced up to {progress.balanced}, planned up to {progress.planned}), "
+             f"up {progress.uptime_s:.0f}s"]
+    if progress.failure:
+        lines.append(f"  FAILED: {progress.failure}")
+    waits, worst = progress.waits, JobProgress.worst(progress.waits)
+    if worst is not None:
         lines.append(f"  trainers: {len(waits)} ranks attached; waited for data {sum(waits.values()):.1f}s "
-                     f"in all, most rank {worst} ({waits[worst]:.1f}s)")
+                     f"in all, most rank {worst[0]} ({worst[1]:.1f}s)")
+        stall = JobProgress.worst(progress.stalls)
+        if stall is not None:
+            lines.append(f"  training loops stalled on data: most rank {stall[0]} ({stall[1]:.1f}s)")
     else:
         lines.append("  trainers: none has asked for a batch yet")
     for source, target in sorted((status.get("pool_targets") or {}).items()):

@@ -106,10 +106,12 @@ def run_demo(*, steps: int = 20, json_path: str | None = None, data_dir: str = "
     from tqdm import tqdm
 
     from mdata.driver import JobHandle, start_cluster, submit_job
+    from mdata.driver.dask_logs import set_dask_log_level
+    from mdata.driver.progress import JobProgress
     from mdata.data.example import build_example_corpus, example_sources
 
     say = (lambda *a: None) if quiet else print
-    _quiet_dask_logs()
+    set_dask_log_level("warning")  # the demo prints its own progress; Dask's INFO would drown it
     began = time.monotonic()
     data = Path(data_dir)
     if not (data / "manifest.json").exists():
@@ -145,9 +147,7 @@ def run_demo(*, steps: int = 20, json_path: str | None = None, data_dir: str = "
                     break
             except Exception:
                 pass
-            status = JobHandle(client, DEMO_JOB).status()
-            consumed = status["consumed_steps"]
-            now = min(consumed.values()) + 1 if len(consumed) == world else 0
+            now = JobProgress.of(JobHandle(client, DEMO_JOB).status(max_steps=0)).step
             if now > done_steps:
                 bar.update(now - done_steps)
                 done_steps = now
@@ -171,15 +171,6 @@ def run_demo(*, steps: int = 20, json_path: str | None = None, data_dir: str = "
     if json_path:
         Path(json_path).write_text(json.dumps(summary, indent=2))
     return 0 if summary["exactly_once"] else 1
-
-
-def _quiet_dask_logs() -> None:
-    """The demo prints its own progress; Dask's INFO lines (here and in worker processes) would
-    drown it. Warnings and errors still show."""
-    import logging
-
-    os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
-    logging.getLogger("distributed").setLevel(logging.WARNING)
 
 
 def summarize(plan, results: dict[int, dict], status: dict, lineage: dict, steps: int,

@@ -165,10 +165,12 @@ class JobHandle:
         """Fingerprint, mesh, world size and the first step trainers receive."""
         return self._ask(JobInfoRequest(self.job)).to_msg()
 
-    def status(self) -> dict[str, Any]:
-        """A snapshot: per-step summaries (``steps``, keyed by step as a string), counters
+    def status(self, max_steps: int | None = None) -> dict[str, Any]:
+        """A snapshot: per-step summaries (``steps``, keyed by step as a string; the newest
+        ``max_steps`` only when given, 0: none, for a caller that polls), counters
         (planned / balanced / consumed step, chunks, truncated and skipped samples), per-rank
-        consumption and wait time, pool targets, ``failure`` (None while the job is healthy) and
+        consumption and wait time (``trainer_wait_s``: the prefetchers' requests;
+        ``trainer_stall_s``: the training loops' own waits), pool targets, ``failure`` (None while the job is healthy) and
         ``storage_waits``: per source whose loads wait on unreachable storage right now,
         ``since`` (wall clock), ``waited_s``, ``attempts``, ``last_error``, ``workers`` and
         ``targets`` (empty while storage answers; the Planner hears it within about a second).
@@ -183,7 +185,7 @@ class JobHandle:
         ``quarantined``: per source with ``on_corrupt="skip"``, the chunks (or shards,
         at listing) passed over because they cannot be parsed: ``shard``, ``path``, ``rows``,
         ``step`` and ``reason``."""
-        return self._ask(StatusRequest(self.job)).to_msg()
+        return self._ask(StatusRequest(self.job, max_steps=max_steps)).to_msg()
 
     def storage_waits(self) -> dict[str, dict[str, Any]]:
         """``status()["storage_waits"]``: the job's sources now waiting on storage, by name."""
@@ -199,7 +201,10 @@ class JobHandle:
         return int(self.status()["counters"]["consumed_step"])
 
     def story(self, sample_id: SampleId | str | Sequence[Any]) -> SampleStory:
-        """Where one sample (``SampleId``, ``"source/shard/row"`` or a tuple) came from and went."""
+        """Where one sample (``SampleId``, ``"source/shard/row"`` or a tuple) came from and went.
+
+        A sample the job never planned has no story: :class:`~mdata.errors.SampleNotPlannedError`
+        says why (no such shard or row in its source; not planned so far; its lineage let go)."""
         sid = _as_sample_id(sample_id)
         reply = self._ask(StoryRequest(self.job, sample_id=str(sid)))
         occurrences = tuple(Occurrence(o.lineage_id, tuple(o.events)) for o in reply.occurrences)

@@ -16,9 +16,10 @@ from typing import Any
 import yaml
 
 from mdata.errors import PlanError
+from mdata.spec.origin import SpecOrigin, yaml_lines
 from mdata.spec.plan_paths import plan_relative_spec
 
-__all__ = ["read_spec", "write_spec"]
+__all__ = ["read_plan_file", "read_spec", "write_spec"]
 
 _HEADER = ("# An mdata plan (schema: docs/plan-files.md). Load it with Plan.from_file(path),\n"
            "# `mdata plan show PATH`, or serve it with `mdata cluster up --plan PATH`.\n")
@@ -43,6 +44,12 @@ def read_spec(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The spec in the YAML or JSON file at ``path`` (PlanError naming the file when it is not one),
     its relative source urls made absolute under the file's folder (a SourceNotFoundError naming
     the file and that folder when one matches nothing there)."""
+    return read_plan_file(path)[0]
+
+
+def read_plan_file(path: str | os.PathLike[str]) -> tuple[dict[str, Any], SpecOrigin]:
+    """:func:`read_spec`'s spec and where it came from: the file, and for YAML the line of each
+    key, so that what is wrong in it is reported at its line (``Plan.from_spec(spec, origin=origin)``)."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -55,4 +62,4 @@ def read_spec(path: str | os.PathLike[str]) -> dict[str, Any]:
                         f"{exc}") from None
     if not isinstance(data, dict):
         raise PlanError(f"plan file {str(path)!r} holds a {type(data).__name__}, not a plan mapping")
-    return plan_relative_spec(data, path)
+    return plan_relative_spec(data, path), SpecOrigin(str(path), {} if _is_json(path) else yaml_lines(text))

@@ -25,8 +25,9 @@ from typing import TYPE_CHECKING, Any
 from mdata.errors import PlanError
 from mdata.mesh import ClientPlaceTree
 from mdata.mixing import LinearRamp, MixtureSchedule, StagedMixture, StaticMixture
+from mdata.spec.origin import SpecOrigin
 from mdata.spec.refs import Trust, encode, is_reference, resolve
-from mdata.spec.sources import SourceSpec, source_spec
+from mdata.spec.sources import SOURCE_KEYS, SourceSpec, source_spec
 from mdata.spec.version import SCHEMA_KEY, SCHEMA_VERSION, check_version
 
 if TYPE_CHECKING:  # the Plan imports this module (Plan.to_spec), never the other way round
@@ -36,6 +37,9 @@ __all__ = ["plan_to_spec", "plan_from_spec", "SPEC_KEYS"]
 
 SPEC_KEYS = (SCHEMA_KEY, "sources", "mixture", "cost", "balance", "mesh", "broadcast", "seed",
              "window", "shuffle_chunks", "special_tokens")
+BALANCE_KEYS = ("micro_batches", "max_tokens", "global_batch")
+MESH_KEYS = ("dp", "pp", "cp", "tp", "order")
+TOKEN_KEYS = ("pad_id", "image_token_id")
 _MIXTURES = {StaticMixture: "static", StagedMixture: "staged", LinearRamp: "ramp"}
 
 
@@ -79,7 +83,7 @@ def mixture_to_spec(mixture: MixtureSchedule) -> dict[str, Any]:
 
 # -- reading -------------------------------------------------------------------------------------
 def plan_from_spec(spec: Mapping[str, Any], *, plan_cls: type, build_sources: bool = True,
-                   trust: Trust | None = None) -> "Plan":
+                   trust: Trust | None = None, origin: SpecOrigin | None = None) -> "Plan":
     """The Plan a spec describes, built with the builder calls of ``plan_cls`` (``Plan.from_spec``
     passes the Plan class: a value type never imported by what it uses).
 
@@ -87,46 +91,71 @@ def plan_from_spec(spec: Mapping[str, Any], *, plan_cls: type, build_sources: bo
     transform); False keeps :class:`SourceSpec` values, which is how the scheduler plans without
     importing a client's code. ``trust`` decides which cost models and mixture policies may be
     imported (everything by default; the scheduler passes :func:`~mdata.spec.refs.scheduler_trust`).
+    ``origin``: the plan file the spec was read from; its errors then start with the file and
+    line, and a source the mixture leaves out is warned about there (a spec without an origin was
+    written by a Plan, whose ``mix`` warned already).
     """
     if not isinstance(spec, Mapping):
         raise PlanError(f"a plan spec is a mapping (what Plan.to_spec() returns), not {type(spec).__name__}")
-    check_version(spec)
+    at = origin or SpecOrigin()
+    with at.about(SCHEMA_KEY):
+        check_version(spec)
     unknown = sorted(set(map(str, spec)) - set(SPEC_KEYS))
     if unknown:
-        raise PlanError(f"plan spec has unknown keys {unknown}; its keys are {list(SPEC_KEYS)}")
+        raise PlanError(f"{at.prefix(unknown[0])}plan spec has unknown keys {unknown}; its keys are "
+                        f"{list(SPEC_KEYS)}")
     trust = trust or Trust()
     sources = spec.get("sources")
     if not isinstance(sources, (list, tuple)) or not sources:
-        raise PlanError("plan spec needs 'sources': a non-empty list of sources (or source names)")
-    plan = plan_cls([_source(s, i, build_sources) for i, s in enumerate(sources)])
+        raise PlanError(f"{at.prefix('sources')}plan spec needs 'sources': a non-empty list of sources "
+                        "(or source names)")
+    plan = plan_cls([_source(entry, i, build_sources, at) for i, entry in enumerate(sources)])
     if spec.get("mixture") is not None:
-        plan = plan.mix(mixture_from_spec(spec["mixture"], trust))
+        with at.about("mixture"):
+            plan = plan._mixed(mixture_from_spec(spec["mixture"], trust),
+                               where=None if origin is None else at.prefix("mixture"))
     if spec.get("cost") is not None:
-        plan = plan.cost(resolve(_reference(spec["cost"], "cost"), trust, "cost model"))
+        with at.about("cost"):
+            plan = plan.cost(resolve(_reference(spec["cost"], "cost"), trust, "cost model"))
     if spec.get("balance") is not None:
-        plan = plan.balance(**_fields(spec["balance"], "balance",
-                                      ("micro_batches", "max_tokens", "global_batch")))
+        with at.about("balance", *_first_unknown(spec["balance"], BALANCE_KEYS)):
+            plan = plan.balance(**_fields(spec["balance"], "balance", BALANCE_KEYS))
     if spec.get("mesh") is not None:
-        plan = plan.distribute(ClientPlaceTree(**_fields(spec["mesh"], "mesh",
-                                                         ("dp", "pp", "cp", "tp", "order"), required=1)))
-    plan = plan.broadcast_at(spec.get("broadcast"))
-    if spec.get("seed") is not None:
-        plan = plan.seed(spec["seed"])
-    if spec.get("window") is not None:
-        plan = plan.window(spec["window"])
-    if spec.get("shuffle_chunks") is not None:
-        plan = plan.shuffle(spec["shuffle_chunks"])
+        with at.about("mesh", *_first_unknown(spec["mesh"], MESH_KEYS)):
+            plan = plan.distribute(ClientPlaceTree(**_fields(spec["mesh"], "mesh", MESH_KEYS, required=1)))
+    for key, method in (("broadcast", "broadcast_at"), ("seed", "seed"), ("window", "window"),
+                        ("shuffle_chunks", "shuffle")):
+        if key == "broadcast" or spec.get(key) is not None:  # broadcast: null is a setting too
+            with at.about(key):
+                plan = getattr(plan, method)(spec.get(key))
     if spec.get("special_tokens") is not None:
-        plan = plan.special_tokens(**_fields(spec["special_tokens"], "special_tokens",
-                                             ("pad_id", "image_token_id"), required=0))
+        with at.about("special_tokens", *_first_unknown(spec["special_tokens"], TOKEN_KEYS)):
+            plan = plan.special_tokens(**_fields(spec["special_tokens"], "special_tokens", TOKEN_KEYS,
+                                                 required=0))
     return plan
 
 
-def _source(entry: Any, i: int, build: bool) -> Any:
+def _first_unknown(value: Any, known: tuple[str, ...]) -> tuple[str, ...]:
+    """The first key of the mapping ``value`` not in ``known``, as a path step (an error about
+    the block then points at that key's line), or () when there is none."""
+    if isinstance(value, Mapping):
+        for key in value:
+            if str(key) not in known:
+                return (str(key),)
+    return ()
+
+
+def _source(entry: Any, i: int, build: bool, at: SpecOrigin) -> Any:
+    """Source ``i`` of the spec: its name as is, or its SourceSpec (built into a Source when
+    ``build``). Its errors name it by its name (by its place in the list only when it has none)
+    and, read from a file, the file and line."""
     if isinstance(entry, str):
         return entry
-    spec = SourceSpec.from_dict(entry, f"source {i} of the plan spec")
-    return spec.build() if build else spec
+    name = entry.get("name") if isinstance(entry, Mapping) else None
+    where = f"source {name!r}" if isinstance(name, str) else f"source #{i + 1} of 'sources'"
+    with at.about("sources", i, *_first_unknown(entry, SOURCE_KEYS)):
+        spec = SourceSpec.from_dict(entry, where)
+        return spec.build() if build else spec
 
 
 def _reference(value: Any, what: str) -> Mapping[str, Any]:

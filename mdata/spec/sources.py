@@ -20,10 +20,10 @@ from mdata.errors import PlanError
 from mdata.sources.spec import ON_CORRUPT, Format
 from mdata.spec.refs import Trust, check_plain, encode, is_reference, resolve
 
-__all__ = ["SourceSpec", "source_spec"]
+__all__ = ["SOURCE_KEYS", "SourceSpec", "source_spec"]
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
-_KEYS = ("name", "url", "format", "fields", "transform", "storage_options", "chunk_rows",
+SOURCE_KEYS = ("name", "url", "format", "fields", "transform", "storage_options", "chunk_rows",
          "skip_tolerance", "max_tokens", "on_corrupt")
 _DEFAULT_TRANSFORM = {"type": "mdata.sources.transforms:TokenizeText", "args": {}}
 
@@ -105,13 +105,13 @@ class SourceSpec:
         names it in errors (``sources[2]``), so a bad file says which entry is wrong."""
         if not isinstance(data, Mapping):
             raise PlanError(f"{where} must be a mapping of source settings, got {data!r:.80}")
-        unknown = sorted(set(map(str, data)) - set(_KEYS))
+        unknown = sorted(set(map(str, data)) - set(SOURCE_KEYS))
         if unknown:
-            raise PlanError(f"{where} has unknown keys {unknown}; a source has {list(_KEYS)}")
+            raise PlanError(f"{where} has unknown keys {unknown}; a source has {list(SOURCE_KEYS)}")
         for key in ("name", "url"):
             if key not in data:
                 raise PlanError(f"{where} has no {key!r}")
-        kwargs = {k: data[k] for k in _KEYS if k in data}
+        kwargs = {k: data[k] for k in SOURCE_KEYS if k in data}
         if isinstance(kwargs.get("fields"), list):
             kwargs["fields"] = tuple(kwargs["fields"])
         return cls(**kwargs)

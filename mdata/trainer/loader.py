@@ -41,7 +41,7 @@ from mdata.trainer.consumption import ConsumptionTeller
 from mdata.trainer.registration import register_plan
 from mdata.trainer.patience import Patience
 from mdata.trainer.scheduler_loss import detach_quietly
-from mdata.trainer.environment import default_device, rank_from_env
+from mdata.trainer.environment import default_device, rank_from_env, world_size_mismatch
 from mdata.trainer.fetch import BatchMoved, fetch_slice
 from mdata.trainer.job_wait import wait_for_job
 from mdata.trainer.location_hub import LocationHub, hub_for, release as release_hub
@@ -202,11 +202,7 @@ class Loader:
 
     def _validate_mesh(self, info: JobInfo) -> None:
         if info.world_size != self.world_size:
-            m = info.mesh
-            raise MeshError(
-                f"job {self.job!r} plans for mesh dp={m.dp} pp={m.pp} cp={m.cp} tp={m.tp} "
-                f"(world size {info.world_size}), but this trainer says WORLD_SIZE={self.world_size}"
-            )
+            raise world_size_mismatch(self.job, info.mesh, self.world_size)  # says what to do
         if not 0 <= self.rank < self.world_size:
             raise MeshError(f"rank {self.rank} is outside the world of {self.world_size} ranks")
 

@@ -87,6 +87,9 @@ class StatusReply(Message):
     lineage: LineageSpillInfo = field(default_factory=LineageSpillInfo)
     recoveries: Mapping[str, int] = field(default_factory=dict)
     quarantined: Mapping[str, tuple[Mapping[str, Any], ...]] = field(default_factory=dict)
+    #: per rank, the seconds its training loop waited for batches (the stall the GPU saw), as its
+    #: Loader last told; ``trainer_wait_s`` is the prefetcher's long polls, overlapped with compute
+    trainer_stall_s: Mapping[str, float] = field(default_factory=dict)
 
     def to_msg(self) -> dict[str, Any]:
         return {
@@ -105,6 +108,7 @@ class StatusReply(Message):
             "lineage": self.lineage.to_msg(),
             "recoveries": dict(self.recoveries),
             "quarantined": {k: [dict(q) for q in v] for k, v in self.quarantined.items()},
+            "trainer_stall_s": dict(self.trainer_stall_s),
         }
 
     @classmethod
@@ -126,6 +130,7 @@ class StatusReply(Message):
             lineage=LineageSpillInfo.from_msg(r.raw("lineage", LineageSpillInfo().to_msg())),
             recoveries=check_mapping(r.raw("recoveries", {}), r, "recoveries", check_int),
             quarantined=check_mapping(r.raw("quarantined", {}), r, "quarantined", list_of(check_dict)),
+            trainer_stall_s=check_mapping(r.raw("trainer_stall_s", {}), r, "trainer_stall_s", check_float),
         )
         r.done()
         return out

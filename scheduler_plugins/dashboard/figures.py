@@ -16,11 +16,9 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from mdata.errors import MdataError
-from mdata.ids import SampleId
 from mdata.planner.quarantine import describe_quarantine
 from mdata.sources import describe_storage_wait
-from scheduler_plugins.lineage_store import story_query
+from scheduler_plugins.lineage_store import story_query, story_sample
 
 if TYPE_CHECKING:
     from scheduler_plugins.job_runtime import JobRuntime
@@ -224,21 +222,6 @@ def _plain(value):
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     return value
-
-
-def story_sample(runtime: "JobRuntime", sample_id: str) -> SampleId:
-    """The sample id typed into a page or a route, checked against the job's sources."""
-    try:
-        sid = SampleId.parse(sample_id)
-    except ValueError as exc:
-        raise MdataError(f"job {runtime.job!r}: {exc}") from None
-    names = list(runtime.view.names)
-    if sid.source not in names:
-        raise MdataError(
-            f"job {runtime.job!r}: unknown source {sid.source!r} in sample id {sample_id!r}; "
-            f"sources: {names}"
-        )
-    return sid
 
 
 def story_table(occurrences: Iterable[tuple[int, Iterable[dict[str, Any]]]]) -> list[dict[str, Any]]:

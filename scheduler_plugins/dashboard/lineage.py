@@ -21,6 +21,7 @@ from bokeh.layouts import column, row
 from bokeh.models import ColumnDataSource, DataTable, Div, TableColumn, TextInput
 
 from mdata.errors import MdataError
+from mdata.ids import SampleId
 from scheduler_plugins import lineage_store
 from scheduler_plugins.dashboard.common import JobSelect, job_message, show
 from scheduler_plugins.dashboard.figures import STORY_COLUMNS, story_sample, story_table
@@ -124,7 +125,7 @@ class LineagePanel:
     def _describe(self, runtime, sample_id: str, rows: list[dict]) -> list[dict]:
         n = len({r["lineage_id"] for r in rows})
         self.result.text = (f"{sample_id}: {n} occurrence(s), {len(rows)} event(s)" if rows
-                            else f"{sample_id} has not been planned in job {runtime.job!r} yet")
+                            else f"<b>{lineage_store.never_planned(runtime, SampleId.parse(sample_id))}</b>")
         return rows
 
     def _fill(self, rows: list[dict]) -> None:

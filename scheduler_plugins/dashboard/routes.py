@@ -100,7 +100,10 @@ class StoryHandler(_JSONHandler):
             return
         sample_id = f"{source}/{shard}/{row}"
         try:  # the DGraph's part under the job's lock, spilled lineage in a thread
-            occurrences = await lineage_store.story(runtime, figures.story_sample(runtime, sample_id))
+            sid = figures.story_sample(runtime, sample_id)
+            occurrences = await lineage_store.story(runtime, sid)
+            if not occurrences:  # say why, rather than answer no rows
+                raise lineage_store.never_planned(runtime, sid)
         except MdataError as exc:
             self.fail(404, str(exc))
             return

@@ -277,6 +277,11 @@ def test_unknown_names_answer_with_what_exists(mdata_cluster, job):
     assert "unknown source 'nosuch' in sample id 'nosuch/0/1'" in panel.result.text
     status, api = get_json(mdata_cluster, f"mdata/api/{JOB}/story/nosuch/0/1")
     assert status == 404 and "unknown source 'nosuch'" in api["error"]
+    missing = f"{job['names'][0]}/0/100000"  # a row its shard does not have: said, not no rows
+    panel = build(mdata_cluster, LineagePanel, sample_id=missing)
+    assert list(panel.source.data["event"]) == [] and f"no sample {missing}: shard 0" in panel.result.text
+    status, api = get_json(mdata_cluster, f"mdata/api/{JOB}/story/{missing}")
+    assert status == 404 and api["error"].startswith(f"job {JOB!r}: no sample {missing}: shard 0 of source")
     status, api = get_json(mdata_cluster, "mdata/api/nojob/balance")
     assert (status, api["error"]) == (404, "no mdata job named 'nojob'; jobs: ['dash']")
     status, api = get_json(mdata_cluster, f"mdata/api/{JOB}/costs")

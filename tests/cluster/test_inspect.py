@@ -13,7 +13,7 @@ from mdata.trainer import Loader
 from mdata.driver import PoolSpec, start_cluster
 from mdata.cost import AttentionCost
 from mdata.data.example import example_sources
-from mdata.errors import CheckpointError, MdataError
+from mdata.errors import CheckpointError, MdataError, SampleNotPlannedError
 from mdata.ids import SampleId
 from mdata.driver import JobHandle
 from mdata.mesh import ClientPlaceTree
@@ -153,6 +153,19 @@ def test_errors_name_the_job_and_the_sample(run):
         handle.story("web/0/1")
     with pytest.raises(MdataError, match=r"not a sample id: 'chat-0-1'"):
         handle.story("chat-0-1")
-    never = handle.story(SampleId("chat", 2, 1000))
-    assert never.occurrences == ()
-    assert str(never) == f"chat/2/1000 has not been planned in job {JOB!r} yet"
+    with pytest.raises(SampleNotPlannedError, match=rf"^job {JOB!r}: no sample chat/0/100000: shard 0 "
+                       r"of source 'chat' has \d+ row\(s\)"):
+        handle.story(SampleId("chat", 0, 100_000))
+    with pytest.raises(SampleNotPlannedError, match=r"no sample chat/999/0: source 'chat' has \d+ shard"):
+        handle.story("chat/999/0")
+    # a sample that exists but no planned step holds: said so, not an empty story
+    planned_steps = handle.status()["counters"]["planned_step"]
+    planned = {tuple(s) for step in handle.lineage(planned_steps)["samples"].values()
+               for rank in step.values() for s in rank}
+    chat = run["plan"].source_index("chat")
+    row = min(r for r in range(1000) if (chat, 0, r) not in planned)
+    with pytest.raises(SampleNotPlannedError) as caught:
+        handle.story(f"chat/0/{row}")
+    assert str(caught.value).startswith(f"job {JOB!r}: sample chat/0/{row} has not been planned "
+                                        f"(not in steps 0..{planned_steps - 1}, planned so far)")
+    assert caught.value.sample_id == f"chat/0/{row}"

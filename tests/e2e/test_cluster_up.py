@@ -115,13 +115,15 @@ def cluster_up(*args: str) -> subprocess.Popen:
 
 
 def stop(proc: subprocess.Popen) -> None:
-    """Ctrl-C: the cluster shuts down cleanly, without a traceback in its log."""
+    """Ctrl-C: the cluster shuts down cleanly, without a traceback in its log, which holds no
+    Dask INFO line (Dask logs at WARNING unless `-v` asks for more)."""
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=60) == 0
     proc.log.seek(0)
     log = proc.log.read()
     proc.log.close()
     assert "Traceback" not in log, log[-6000:]
+    assert " - INFO - " not in log, log[-6000:]
 
 
 
@@ -160,3 +162,25 @@ def test_cluster_up_listens_on_loopback_only_with_a_dashboard_address_without_ho
         assert not_loopback(sockets) == {}, sockets
     finally:
         stop(proc)
+
+
+def test_a_plan_whose_source_path_matches_nothing_fails_in_one_line(tmp_path):
+    """The scheduler and the loader answer the registration with a typed error; `cluster up`
+    prints its addresses, then that error once, naming the plan file, the source and its path:
+    no traceback from the scheduler, the worker or the shutdown."""
+    from mdata.sources import Source, TokenizeText
+
+    missing = tmp_path / "no-such-folder" / "*.jsonl"
+    plan = (Plan([Source("notes", str(missing), format="jsonl", transform=TokenizeText(field="body"))])
+            .mix({"notes": 1.0}).balance(micro_batches=1, max_tokens=512, global_batch=4))
+    path = plan.to_file(tmp_path / "notes.yaml")
+    mdata = Path(sys.executable).with_name("mdata")
+    proc = subprocess.run([str(mdata), "cluster", "up", "--plan", str(path), "--port", "0",
+                           "--dashboard-address", "127.0.0.1:0"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stdout.startswith("scheduler: tcp://127.0.0.1:"), proc.stdout
+    assert proc.stderr.splitlines() == [
+        f"mdata: error: plan file {str(path)!r}: job 'default' not registered: source 'notes': "
+        f"no jsonl files match {str(missing)!r} (check the URL and storage_options; a glob looks "
+        "like 's3://bucket/prefix/*.jsonl')"], proc.stderr[-3000:]

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from fixtures_cli import printed_lines
+from fixtures_cli import next_line, printed_lines
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -51,7 +51,8 @@ def _train_process(*args: str, timeout_s: str = "30s", world_size: int = 1,
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    """`mdata cluster up --plan notes.yaml` (no --job): its printed lines."""
+    """`mdata cluster up --plan notes.yaml` (no --job, a live line each second): its printed
+    lines (``.proc``: the command, whose later lines ``next_line`` reads)."""
     from test_cluster_up import cluster_up, stop
 
     from mdata.cost import AttentionCost
@@ -71,7 +72,7 @@ def served(tmp_path_factory):
             .balance(micro_batches=1, max_tokens=512, global_batch=4)
             .distribute(ClientPlaceTree(dp=1)).seed(3))
     path = plan.to_file(tmp / "notes.yaml")
-    proc = cluster_up("--plan", str(path))
+    proc = cluster_up("--plan", str(path), "--status-every", "1")
     try:
         lines = printed_lines(proc)
         yield lines
@@ -81,10 +82,19 @@ def served(tmp_path_factory):
 
 def test_cluster_up_and_train_py_agree_on_the_default_job_name(served):
     """No --job on either side: the trainer finds the job `cluster up --plan` registered."""
+    # what a trainer and a browser need comes first, then the pools and the job
+    assert list(served)[:5] == ["scheduler", "dashboard", "mdata pages", "pools", "job"]
+    dashboard = served["dashboard"].removesuffix("/status")
+    assert served["mdata pages"].startswith(f"{dashboard}/individual-mdata-sources (and -mixture")
     assert served["job"].startswith("default (fingerprint ")
+    assert next_line(served.proc, "job 'default': step 0, ", timeout=15).endswith(
+        "no trainer attached yet, sources waiting: none")
     proc, _ = _train_process("--scheduler", served["scheduler"], "--steps", "2")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "rank 0 step 0:" in proc.stdout and "rank 0 step 1:" in proc.stdout
+    # cluster up's live line followed the trainer (a line each second while it changes)
+    live = next_line(served.proc, "job 'default': step 2, ", timeout=15)
+    assert " steps/s, stall " in live and live.endswith(", 1 rank, sources waiting: none"), live
     # and `mdata cluster status` says what the cluster did, without the dashboard
     status = subprocess.run([str(Path(sys.executable).with_name("mdata")), "cluster", "status",
                              served["scheduler"]], capture_output=True, text=True, timeout=60)

@@ -30,7 +30,8 @@ def test_a_reader_that_leaves_early_is_not_an_error(example_corpus, tmp_path):
     from mdata.data.example import example_sources
     from mdata.plan import Plan
 
-    path = Plan(example_sources(example_corpus)).mix({"chat": 1.0}).to_file(tmp_path / "plan.yaml")
+    sources = example_sources(example_corpus)
+    path = Plan(sources).mix({s.name: float(s.name == "chat") for s in sources}).to_file(tmp_path / "plan.yaml")
     proc = subprocess.run(f"'{MDATA}' plan show '{path}' | head -c 10", shell=True,
                           capture_output=True, text=True, timeout=120,
                           executable="/bin/bash", env=None)

@@ -56,7 +56,8 @@ STATUS = m.StatusReply(
     pool_targets={"chat": m.PoolDecision(group="chat", workers=2, reason="demand 1.2", demand=1.2,
                                          current=1, threads=2, kind="up", time=1e9,
                                          sources=("chat",))},
-    chunks_in_memory=3, batches_in_memory=2, trainer_wait_s={"0": 0.5}, consumed_steps={"0": 3},
+    chunks_in_memory=3, batches_in_memory=2, trainer_wait_s={"0": 0.5}, trainer_stall_s={"0": 0.25},
+    consumed_steps={"0": 3},
     counters=m.StatusCounters(planned_step=6, balanced_step=5, consumed_step=4, chunks_loaded=3,
                               truncated=0, skipped={"chat": 1, "code": 0}),
 )

@@ -32,7 +32,7 @@ def base():
 
 def test_plan_is_immutable():
     p = Plan(["web", "code"])
-    q = p.mix({"web": 1})
+    q = p.mix({"web": 1, "code": 0})
     assert q is not p
     with pytest.raises(PlanError, match="no mixture"):
         p.mixture
@@ -70,7 +70,7 @@ def test_fingerprint_is_stable_and_sensitive():
     fp = base().fingerprint()
     assert fp == base().fingerprint() and len(fp) == 16
     assert base().window(9).fingerprint() == fp  # the window never changes what is delivered
-    for variant in (base().seed(12), base().mix({"web": 1}), base().shuffle(8),
+    for variant in (base().seed(12), base().mix({"web": 1, "code": 0, "chat": 0}), base().shuffle(8),
                     base().distribute(ClientPlaceTree(dp=2)), base().broadcast_at("tp"),
                     base().cost(AttentionCost()),
                     base().balance(micro_batches=2, max_tokens=4096, global_batch=60)):
@@ -118,7 +118,7 @@ def test_simulate_counts_truncation_and_skips():
     meta = dict(META)
     meta["chat"] = SourceMetadata.from_arrays(
         "chat", [np.full(60, 20_000)], skipped=[np.arange(60) % 4 == 0])
-    res = simulate(base().mix({"chat": 1}), 3, meta)
+    res = simulate(base().mix({"chat": 1, "web": 0, "code": 0}), 3, meta)
     assert res.truncated.tolist() == [60, 60, 60]
     assert res.skipped.sum() > 0
     with pytest.raises(PlanError, match=r"no metadata for sources \['chat'\]"):

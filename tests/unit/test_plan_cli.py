@@ -66,7 +66,8 @@ def test_plan_commands_fail_with_one_line_naming_the_problem(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("sources: [web]\nmixture: {type: static, weights: {code: 1}}\n")
     assert main(["plan", "show", str(bad)]) == 2
-    assert "mdata: error: mixture names unknown sources ['code']" in capsys.readouterr().err
+    assert f"mdata: error: plan file {str(bad)!r}, line 2: mixture names unknown sources ['code']" in \
+        capsys.readouterr().err
     names = tmp_path / "names.yaml"
     names.write_text("sources: [web]\nmixture: {type: static, weights: {web: 1}}\n"
                      "balance: {micro_batches: 1, max_tokens: 64, global_batch: 4}\n")

@@ -246,7 +246,7 @@ def test_source_specs_are_checked_without_importing_and_built_where_read():
     bad["sources"][0]["transform"]["args"]["field"] = ""
     with pytest.raises(Exception, match="field must be a non-empty column name"):
         Plan.from_spec(bad)
-    with pytest.raises(PlanError, match=r"source 0 of the plan spec has unknown keys \['colour'\]"):
+    with pytest.raises(PlanError, match=r"^source 'web' has unknown keys \['colour'\]"):
         Plan.from_spec({**spec, "sources": [{**spec["sources"][0], "colour": "red"}]})
     with pytest.raises(PlanError, match=r"source 'web': chunk_rows must be an int >= 1, got 0"):
         SourceSpec("web", "/data", chunk_rows=0)
