@@ -122,6 +122,20 @@ def test_a_wrong_job_name_says_at_once_which_jobs_exist(served):
     assert "'default'" in last
 
 
+def test_a_wrong_world_size_fails_in_seconds_saying_what_to_do(served):
+    """The plan's mesh has one rank; `torchrun --nproc-per-node 2` (the wrong count) fails at once:
+    each rank says both sizes and both ways out, in one line of its own."""
+    proc, seconds = _train_process("--scheduler", served["scheduler"], world_size=2,
+                                   timeout_s="60s")
+    print(f"wrong WORLD_SIZE: clear error after {seconds:.1f}s (timeout 60s)")
+    assert proc.returncode != 0
+    said = [line for line in proc.stderr.splitlines() if "but this trainer says WORLD_SIZE=2" in line]
+    assert len(said) == 2, proc.stderr[-4000:]  # one line per rank
+    assert all("(world size 1)" in line and "`torchrun --nproc-per-node 1`" in line
+               and "change the plan's mesh" in line for line in said), said
+    assert seconds < 45, seconds  # two Pythons with torch, then one answer each: not the timeout
+
+
 def test_an_address_with_nothing_listening_fails_in_seconds_in_one_line():
     address = f"tcp://127.0.0.1:{_free_port()}"
     proc, seconds = _train_process("--scheduler", address, timeout_s="120s")

@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from mdata.errors import SampleNotPlannedError
 from fixtures_cli import printed_lines
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
@@ -84,7 +86,8 @@ def test_validate_py_evaluates_a_second_job_every_n_steps(tmp_path):
                 consumed = [occ for occ in story.occurrences
                             if any(ev["event"] == "consumed" for ev in occ.events)]
                 assert len(consumed) == 2, str(story)
-            assert "has not been planned" in str(validation.story("notes/1/0"))  # no such shard
+            with pytest.raises(SampleNotPlannedError, match="has 1 shard"):  # no such shard
+                validation.story("notes/1/0")
             assert "planned for step" in str(JobHandle(client, "default").story("notes/1/0"))
     finally:
         stop(proc)
