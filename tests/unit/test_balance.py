@@ -183,6 +183,11 @@ def test_within_four_thirds_of_the_optimum_on_small_instances(costs, dp, seed):
     assert result.makespan <= 4 / 3 * brute_force_min_makespan(costs, dp) + 1e-9
 
 
+def _noisy_quadratic(tokens: np.ndarray, seed: int) -> np.ndarray:
+    """Quadratic costs plus seeded noise, so that equal lengths do not tie."""
+    return QUADRATIC(tokens, None) + np.random.default_rng(seed).uniform(0, 10, len(tokens))
+
+
 @given(
     tokens=st.lists(st.integers(0, 64), min_size=0, max_size=60),
     dp=st.integers(1, 6),
@@ -193,7 +198,7 @@ def test_within_four_thirds_of_the_optimum_on_small_instances(costs, dp, seed):
 @settings(max_examples=150, deadline=None)
 def test_capacity_and_exactly_once_on_arbitrary_instances(tokens, dp, micro_batches, max_tokens, seed):
     tokens = np.array(tokens, dtype=np.int64)
-    costs = QUADRATIC(tokens, None) + np.random.default_rng(seed).uniform(0, 10, len(tokens))
+    costs = _noisy_quadratic(tokens, seed)
     for fn in (balance_step, greedy_pack_baseline):
         extra = {"seed": seed} if fn is balance_step else {}
         result = fn(tokens, costs, dp=dp, micro_batches=micro_batches, max_tokens=max_tokens, **extra)
@@ -215,7 +220,7 @@ def test_capacity_and_exactly_once_on_arbitrary_instances(tokens, dp, micro_batc
 def test_a_micro_batch_is_empty_only_where_its_rank_has_fewer_samples_than_micro_batches(
         tokens, dp, micro_batches, stages, seed):
     tokens = np.array(tokens, dtype=np.int64)
-    costs = QUADRATIC(tokens, None) + np.random.default_rng(seed).uniform(0, 10, len(tokens))
+    costs = _noisy_quadratic(tokens, seed)
     a = balance_step(tokens, costs, dp=dp, micro_batches=micro_batches, max_tokens=128,
                      seed=seed, stages=stages)
     for r in range(dp):
