@@ -104,6 +104,7 @@ class StoragePoller:
             current = set(workers)
             self._answers = {a: (t, w) for a, (t, w) in self._answers.items()
                              if a in current and now - t <= keep}
+            self._begun = {key: n for key, n in self._begun.items() if key[0] in current}
             self.merged = merge_storage_waits({a: w for a, (_, w) in self._answers.items()})
             for runtime in list(jobs.values()):
                 waits = {name: wait for name, wait in self.merged.items() if name in runtime.sources}
