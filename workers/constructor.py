@@ -28,7 +28,7 @@ PULL_ATTEMPT_S = 10.0  # one attempt to pull a chunk's rows from one loader
 # Dask's connect retries a refused connection until its timeout: while a connection is not made
 # within this, the scheduler is asked whether the loader still holds the chunk (see _reach).
 CONNECT_CHECK_S = 0.1
-# While a chunk is missing, the Planner is asked this often whether its source waits on storage
+# While a chunk is missing, the Planner is asked this often whether the job's sources wait on storage
 # (then the chunk wait does not run out: the loaders' retry deadline bounds the wait instead).
 STORAGE_CHECK_S = 1.0
 
@@ -53,7 +53,7 @@ async def _pull_rows(worker, key, indices, addresses: list[str], deadline: Outag
 
     A loader that died leaves its address behind; connecting to it would block for Dask's whole
     connect timeout, so each attempt is bounded and the scheduler is asked again on failure.
-    A chunk whose source waits on storage is being loaded again: ``deadline`` then waits on.
+    While the job's sources wait on storage the chunk may be on its way back: ``deadline`` then waits on.
     """
     import asyncio
 
@@ -147,8 +147,12 @@ async def _pull_grouped(worker, keys: list, pulls: tuple[ChunkPull, ...]) -> lis
 
 
 async def _waits_on_storage(worker, key) -> bool:
-    """Whether the Planner reports the source of chunk ``key`` (``("mdata-load", job, source,
-    ...)``) waiting on storage; no answer counts as no."""
+    """Whether the Planner reports any source of the job of chunk ``key`` (``("mdata-load", job,
+    source, ...)``) waiting on storage; no answer counts as no.
+
+    Any source, not only the chunk's own: a loader works through its tasks in turn, so the load
+    that would bring the chunk back can sit behind a load of another source of the same pool that
+    is retrying against unreachable storage (the trainers' wait asks the same question)."""
     import asyncio
 
     try:
@@ -156,7 +160,7 @@ async def _waits_on_storage(worker, key) -> bool:
             ask(worker.scheduler, StatusRequest(str(key[1]), max_steps=0)), timeout=PULL_ATTEMPT_S)
     except Exception:  # noqa: BLE001 - a job gone or a scheduler busy: the chunk wait runs on
         return False
-    return str(key[2]) in status.storage_waits
+    return bool(status.storage_waits)
 
 
 def _known(addresses: list[str] | None, key) -> list[str]:

@@ -64,6 +64,13 @@ def outage_cluster(s3_corpus) -> Iterator:  # noqa: F811
         yield server, cluster, sources
 
 
+@pytest.fixture(autouse=True)
+def storage_comes_back(outage_cluster):
+    """A test that fails mid-outage must not leave the next one without storage."""
+    yield
+    outage_cluster[0].start()
+
+
 @pytest.fixture(scope="module")
 def reference_steps(outage_cluster):
     """What each rank receives from the plan without an outage."""
