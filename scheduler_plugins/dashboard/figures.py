@@ -248,7 +248,7 @@ def waiting_answer(by_rank: dict[str, float], by_source: dict[str, float], min_w
     rank, rank_s = max(by_rank.items(), key=lambda kv: kv[1])
     source, source_s = next(iter(by_source.items()))
     return (f"training waited {total:.2f} s on data in all; most on rank {rank} ({rank_s:.2f} s); "
-            f"{source_s:.2f} s of it is blamed on source {source!r}, the one whose chunks came last")
+            f"{source_s:.2f} s of it is blamed on source {source!r}")
 
 
 STORY_COLUMNS = ("lineage_id", "event", "step", "dp_rank", "micro_batch", "position",

@@ -12,6 +12,7 @@ the workers' ``sys.path`` by a preload, and on this process's), trusted by the w
 
 from __future__ import annotations
 
+import html
 import json
 import sys
 import textwrap
@@ -106,7 +107,8 @@ def test_every_rank_tells_the_wait_of_every_step(waited):
     for rank, cols in api["ranks"].items():
         assert cols["step"] == list(range(STEPS)), rank
         assert all(w >= 0 for w in cols["wait_s"]) and len(cols["source"]) == STEPS
-        assert cols["time_s"] == sorted(cols["time_s"]) and cols["time_s"][0] >= 0
+        # told as they were consumed (two messages may overtake each other), on the job's clock
+        assert all(0 <= t < 120 for t in cols["time_s"]), cols["time_s"]
     # the loops had no compute: they waited about as long as the slow source took to load
     assert sum(api["wait_by_rank"].values()) > DELAY_S
 
@@ -116,8 +118,9 @@ def test_the_waits_are_blamed_on_the_slow_source(waited):
     blamed = api["wait_by_source"]
     assert list(blamed)[0] == "slow", blamed
     assert blamed["slow"] >= 0.8 * sum(blamed.values()), blamed
-    for rank, cols in api["ranks"].items():  # each rank's first step waited for slow's first chunk
-        assert cols["source"][0] == "slow" and cols["wait_s"][0] > DELAY_S / 2, (rank, cols)
+    for rank, cols in api["ranks"].items():  # every long wait of every rank: slow's chunk
+        long = [source for source, wait in zip(cols["source"], cols["wait_s"]) if wait > DELAY_S / 3]
+        assert long and set(long) == {"slow"}, (rank, cols)
     assert "blamed on source 'slow'" in api["answer"], api["answer"]
 
 
@@ -133,4 +136,4 @@ def test_the_waiting_panel_draws_what_the_route_answers(waited):
     assert {s for s in dots["source_name"]} <= {"fast", "slow", "(too short to blame)"}
     totals = panel.totals.data
     assert list(totals["source_name"])[0] == "slow"
-    assert "blamed on source 'slow'" in panel.answer.text
+    assert html.escape("blamed on source 'slow'") in panel.answer.text
