@@ -41,9 +41,10 @@ class BalancePanel:
         self.imbalance = figure(title="imbalance: max cost / lower bound", height=260,
                                 sizing_mode="stretch_width", x_axis_label="step",
                                 tools="pan,wheel_zoom,reset")
-        self.imbalance.line(x="step", y="max_over_lower_bound", line_width=2, color=colour(3),
-                            legend_label="max / lower bound", source=self.step_source)
-        self.imbalance.line(x="step", y="max_over_mean", line_width=1, line_dash="dashed",
+        # the two ratios often coincide: a wide translucent line under a dashed one shows both
+        self.imbalance.line(x="step", y="max_over_lower_bound", line_width=4, line_alpha=0.4,
+                            color=colour(3), legend_label="max / lower bound", source=self.step_source)
+        self.imbalance.line(x="step", y="max_over_mean", line_width=2, line_dash="dashed",
                             color=colour(0), legend_label="max / mean", source=self.step_source)
         self.imbalance.legend.location = "top_left"
         hide_on_click(self.cost, self.imbalance)

@@ -94,8 +94,9 @@ class WaitingPanel:
                 totals["source_name"].append(source)
                 totals["wait_s"].append(wait)
                 totals["color"].append(shade.get(source, "#999999"))
-            if list(self.by_source.y_range.factors) != totals["source_name"]:
-                self.by_source.y_range.factors = list(totals["source_name"])
+            top_down = list(reversed(totals["source_name"]))  # the most blamed on top
+            if list(self.by_source.y_range.factors) != top_down:
+                self.by_source.y_range.factors = top_down
         self.lines.data = lines
         self.dots.data = dots
         self.totals.data = totals
