@@ -19,7 +19,8 @@ The ledger learns the inputs as the scheduler sees them: when a chunk finished l
 (:meth:`DataWaitLedger.planned`); it turns them into each source's last load time per step at
 once, so chunks can be forgotten when released. Waits shorter than
 ``min_wait_s`` are kept but blamed on no source (a queue hand-off is not a data stall). Everything
-is bounded: the ``keep_steps`` steps seen last of inputs and waits, ``keep_chunks`` chunk times.
+is bounded: the ``keep_steps`` steps seen last of inputs and waits, at most ``keep_waits`` waits
+(fewer steps on a wide mesh: a wait per rank and step adds up), ``keep_chunks`` chunk times.
 Pure: no clock of its own (times are arguments), no Dask.
 """
 
@@ -64,10 +65,12 @@ class DataWait:
 class DataWaitLedger:
     """Exposed waits per ``(rank, step)`` with their sources (see the module docstring)."""
 
-    def __init__(self, *, min_wait_s: float = 0.005, keep_steps: int = 2000,
+    def __init__(self, *, min_wait_s: float = 0.005, keep_steps: int = 2000, keep_waits: int = 100_000,
                  keep_chunks: int = 100_000) -> None:
         self.min_wait_s = float(min_wait_s)
         self.keep_steps = max(1, int(keep_steps))
+        self.keep_waits = max(1, int(keep_waits))
+        self._count = 0  # waits kept
         self.keep_chunks = max(1, int(keep_chunks))
         self._chunks: OrderedDict[Hashable, tuple[str, float]] = OrderedDict()
         # step -> source -> when its last chunk for that step was loaded; and
@@ -112,8 +115,12 @@ class DataWaitLedger:
         source = ("" if wait_s < self.min_wait_s
                   else attribute(self.inputs(step), storage_waiting))
         record = DataWait(int(rank), int(step), wait_s, source, float(at))
-        self._waits.setdefault(record.step, {})[record.rank] = record
-        self._trim(self._waits)
+        by_rank = self._waits.setdefault(record.step, {})
+        self._count += record.rank not in by_rank
+        by_rank[record.rank] = record
+        while len(self._waits) > 1 and (len(self._waits) > self.keep_steps
+                                        or self._count > self.keep_waits):
+            self._count -= len(self._waits.pop(next(iter(self._waits))))
         return record
 
     def waits(self) -> list[DataWait]:

@@ -90,4 +90,12 @@ def test_the_ledger_keeps_only_the_newest_steps_and_chunks():
         ledger.planned(step, [key("chat", 3)])
         ledger.waited(0, step, 1.0, at=float(step))
     assert [w.step for w in ledger.waits()] == [2, 3, 4]
+    # on a wide mesh the number of waits bounds the steps kept too
+    wide = DataWaitLedger(keep_steps=100, keep_waits=5)
+    for step in range(3):
+        for rank in range(4):
+            wide.waited(rank, step, 0.5, at=0.0)
+    wide.waited(0, 2, 0.25, at=1.0)  # told again: replaced, not counted twice
+    assert sorted({w.step for w in wide.waits()}) == [2] and len(wide.waits()) == 4
+    assert wide.by_rank()[0] == 0.25
     assert ledger.inputs(1) == {} and ledger.inputs(4) == {"chat": 3.0}
