@@ -32,10 +32,11 @@ class TrainersPanel:
         ranks = FactorRange()
         self.wait = figure(title="prefetcher's wait for batches (s) per rank (the loop's own: "
                            "waiting page)", x_range=ranks, height=240, x_axis_label="rank",
+                           y_axis_label="seconds",
                            sizing_mode="stretch_width", tools="", toolbar_location=None)
         self.wait.vbar(x="rank", top="wait_s", width=0.8, color="color", source=self.source)
         self.consumed = figure(title="steps consumed per rank", x_range=ranks, height=240,
-                               x_axis_label="rank",
+                               x_axis_label="rank", y_axis_label="steps",
                                sizing_mode="stretch_width", tools="", toolbar_location=None)
         self.consumed.vbar(x="rank", top="steps_consumed", width=0.8, color="color", source=self.source)
         for fig in (self.wait, self.consumed):
