@@ -26,6 +26,7 @@ __all__ = [
     "CombinedCost",
     "CostModel",
     "ImagePatchCost",
+    "cost_unit",
     "evaluate_cost",
 ]
 
@@ -38,6 +39,22 @@ class CostModel(Protocol):
     """The shape of a cost model: per-sample cost from token and image-patch counts."""
 
     def __call__(self, num_tokens: np.ndarray, num_patches: np.ndarray) -> np.ndarray: ...
+
+
+#: What a cost axis says when the cost model is not calibrated to GPU time.
+RELATIVE = "relative cost"
+
+
+def cost_unit(model: Callable) -> str:
+    """The unit a dashboard or report labels ``model``'s costs with: its ``unit`` attribute when it
+    declares one (a model fitted to measured step times sets ``unit = "GPU-ms"``), else
+    :data:`RELATIVE`: the built-in models' coefficients only fix ratios between samples, which is
+    all balancing needs. A :class:`CombinedCost` has a unit when every part declares the same."""
+    if isinstance(model, CombinedCost):
+        units = {cost_unit(m) for m in model.models}
+        return units.pop() if len(units) == 1 else RELATIVE
+    unit = getattr(model, "unit", None)
+    return unit if isinstance(unit, str) and unit.strip() else RELATIVE
 
 
 def _model_name(model: Callable) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 import traceback
 from collections import defaultdict, deque
@@ -27,6 +28,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from mdata import planner as ps
+from mdata.data_waits import DataWaitLedger
 from mdata.errors import MdataError
 from mdata.observe import SourceMeter, TrainerMeter
 from mdata.sources import SourceStorageWait
@@ -127,6 +129,7 @@ class JobRuntime:
         # What the dashboard shows (mdata.observe): loads per source, trainer waits per step.
         self.source_meter = SourceMeter(tuple(plan.source_names), now=time.monotonic())
         self.trainer_meter = TrainerMeter()
+        self.data_waits = DataWaitLedger()  # the loops' exposed waits, each blamed on a source
         # this job's sources waiting on storage, set by the Planner's poll (storage_poll.py)
         self.storage_waits: dict[str, SourceStorageWait] = {}
         self.recoveries = RecoveryTally()  # what faults cost the job: the status's recoveries
@@ -280,6 +283,7 @@ class JobRuntime:
         self.source_meter.loaded(chunk.source, rows=chunk.stop - chunk.start,
                                  samples=len(summary["rows"]), seconds=summary["seconds"],
                                  now=time.monotonic())
+        self.data_waits.loaded(tuple(chunk.key), chunk.source, time.monotonic())
         await self.handle(
             ps.ChunkLoaded(
                 chunk=chunk,
@@ -317,6 +321,7 @@ class JobRuntime:
             construct_task, spec.to_msg(), key=key, resources={CONSTRUCTOR_RESOURCE: 1}, pure=False
         )
         self.batch_futures[(ins.step, ins.dp_rank)] = fut
+        self.data_waits.planned(ins.step, (tuple(pull.key) for pull in spec.chunks))
         self._spawn(self._await_batch(ins.step, ins.dp_rank, fut))
 
     async def _await_batch(self, step: int, dp_rank: int, fut) -> None:
@@ -339,6 +344,7 @@ class JobRuntime:
 
     def _release_chunk(self, ins: "ps.ReleaseChunk") -> None:
         fut = self.chunk_futures.pop(ins.chunk.key, None)
+        self.data_waits.forget(tuple(ins.chunk.key))
         if fut is not None:
             fut.release()
 
@@ -423,12 +429,19 @@ class JobRuntime:
             return
         await self._handle_coalesced(*self._consumption(rank, step, token))
 
-    def consumed_told(self, rank: int, steps: tuple[int, ...], token: str, stalled_s: float) -> None:
+    def consumed_told(self, rank: int, steps: tuple[int, ...], token: str, stalled_s: float,
+                      waits: tuple[float, ...] = ()) -> None:
         """``rank`` consumed ``steps``, told with its location request (checked by the handler):
         queued for the Planner now, without waiting for them to be applied, so the long poll
-        that carried them goes on at once."""
+        that carried them goes on at once. ``waits``: the loop's exposed wait of each step, for
+        the dashboard's waiting page (:mod:`mdata.data_waits`)."""
         if stalled_s >= 0:
             self.stalled_seconds[rank] = stalled_s
+        if waits:
+            now, storage = time.monotonic(), set(self.storage_waits)
+            for step, wait in zip(steps, waits):
+                if math.isfinite(wait) and wait >= 0:  # -1: not measured
+                    self.data_waits.waited(rank, step, wait, at=now, storage_waiting=storage)
         if not self._closed:
             self._enqueue([ev for step in steps for ev in self._consumption(rank, step, token)])
 

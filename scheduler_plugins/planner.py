@@ -306,7 +306,7 @@ class PlannerPlugin(SchedulerPlugin):
                 for step in tell.steps:
                     check_received(handler, runtime.view, tell.rank, check_step(handler, step))
                 runtime.consumed_told(tell.rank, tell.steps, tell.token,
-                                      check_stall(handler, tell.rank, tell.stalled_s))
+                                      check_stall(handler, tell.rank, tell.stalled_s), tell.waits)
             except MdataError as exc:
                 errors.append(exc)
                 continue
@@ -327,7 +327,7 @@ class PlannerPlugin(SchedulerPlugin):
                                "consumed")
             if req.consumed:
                 runtime.consumed_told(req.rank, req.consumed, req.token,
-                                      check_stall(handler, req.rank, req.stalled_s))
+                                      check_stall(handler, req.rank, req.stalled_s), req.waits)
 
     async def ack(self, req: msg.AckRequest) -> msg.OkReply:
         runtime = self._ranked(req)

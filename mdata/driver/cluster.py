@@ -127,6 +127,15 @@ class MdataCluster:
     def dashboard_link(self) -> str:
         return self.cluster.dashboard_link
 
+    @property
+    def dashboard_links(self) -> dict[str, str]:
+        """Every mdata dashboard page's URL by title (``sources``, ``waiting``...; the table:
+        :data:`mdata.dashboard_pages.PAGES`); empty when the cluster serves no dashboard."""
+        from mdata.dashboard_pages import page_urls
+
+        link = self.cluster.dashboard_link
+        return page_urls(link) if link else {}
+
     def client(self, **kwargs):
         """A Dask client of this cluster that pulls batches straight from the workers
         (``direct_to_workers``, as the Loader's own clients do); ``kwargs`` go to ``Client``."""

@@ -1,7 +1,7 @@
 """``mdata cluster up``: an embedded cluster in a terminal, saying the things a user needs.
 
-What it prints, in order: the scheduler's address and the dashboard links (what trainers and a
-browser need), the pools, the job a ``--plan`` registers, then one live line per job while it
+What it prints, in order: the scheduler's address and the dashboard links, one line per mdata
+page (what trainers and a browser need), the pools, the job a ``--plan`` registers, then one live line per job while it
 runs (step, steps/s, the trainers' exposed stall, sources waiting on storage:
 :mod:`mdata.driver.progress`, the figures ``mdata cluster status`` prints). Dask's own log is
 kept at WARNING unless ``-v``/``--log-level`` asks for more (:mod:`mdata.driver.dask_logs`), and
@@ -18,13 +18,14 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from mdata.dashboard_pages import PAGES, page_lines
 from mdata.driver.cluster import start_cluster
 from mdata.errors import MdataError, PlanError
 
 __all__ = ["cluster_up_cli", "dashboard_lines"]
 
-#: mdata's dashboard pages (scheduler_plugins/dashboard/pages.py), as the printed links name them
-MDATA_PAGES = ("sources", "mixture", "balance", "trainers", "lineage")
+#: mdata's dashboard pages by title (the table: :data:`mdata.dashboard_pages.PAGES`)
+MDATA_PAGES = tuple(page.title for page in PAGES)
 
 
 def _plan_to_serve(path: str):
@@ -72,13 +73,11 @@ def _layout_to_serve(plan, args: argparse.Namespace):
 
 
 def dashboard_lines(scheduler_address: str, dashboard_link: str | None) -> list[str]:
-    """The first lines ``cluster up`` prints: where trainers attach, where a browser looks."""
+    """The first lines ``cluster up`` prints: where trainers attach, where a browser looks (Dask's
+    dashboard, then every mdata page with its full URL and what it answers)."""
     lines = [f"scheduler: {scheduler_address}"]
     if dashboard_link:
-        base = dashboard_link.rsplit("/status", 1)[0]
-        lines += [f"dashboard: {dashboard_link}",
-                  f"mdata pages: {base}/individual-mdata-{MDATA_PAGES[0]} (and "
-                  + ", ".join(f"-{page}" for page in MDATA_PAGES[1:]) + ")"]
+        lines += [f"dashboard: {dashboard_link}", *page_lines(dashboard_link)]
     return lines
 
 

@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mdata.dashboard_pages import page_lines
+
 DEMO_JOB = "demo"
 DEFAULT_MESH = {"dp": 4, "cp": 2}
 
@@ -124,6 +126,8 @@ def run_demo(*, steps: int = 20, json_path: str | None = None, data_dir: str = "
 
     with start_cluster(sources) as cluster, Client(cluster.cluster, set_as_default=False) as client:
         say(f"scheduler {cluster.scheduler_address}, dashboard {cluster.dashboard_link}")
+        for line in page_lines(cluster.dashboard_link):
+            say(line)
         info = submit_job(client, plan, job=DEMO_JOB)
         ctx = mp.get_context("spawn")
         out = ctx.Queue()

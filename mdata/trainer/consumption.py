@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-__all__ = ["ConsumptionTeller"]
+__all__ = ["ConsumptionTeller", "StepWaits"]
 
 
 class ConsumptionTeller:
@@ -124,3 +124,25 @@ class ConsumptionTeller:
                     self._cond.wait_for(lambda: self._failure is None or self._closed)
             else:
                 self.sent(steps, ok=True)
+
+
+class StepWaits:
+    """How long the training loop waited for each step's batch (the newest ``keep`` steps), told
+    beside the step's consumption (``waits`` on the wire) so the Planner's dashboard can say which
+    rank waited on data when, and blame a source (:mod:`mdata.data_waits`). A step is told within
+    a few steps of being taken, so a short memory suffices."""
+
+    def __init__(self, keep: int = 256) -> None:
+        self.keep = int(keep)
+        self._waits: dict[int, float] = {}
+
+    def add(self, step: int, seconds: float) -> None:
+        """The loop waited ``seconds`` for ``step``'s batch (the training loop's thread)."""
+        self._waits[int(step)] = float(seconds)
+        while len(self._waits) > self.keep:
+            del self._waits[next(iter(self._waits))]
+
+    def of(self, steps: tuple[int, ...]) -> tuple[float, ...]:
+        """The wait of each of ``steps``, -1 where not measured (any thread: reads only)."""
+        waits = dict(self._waits)  # a copy: the loop's thread may add meanwhile
+        return tuple(waits.get(s, -1.0) for s in steps)

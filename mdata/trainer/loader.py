@@ -37,7 +37,7 @@ from typing import Any
 
 from mdata.errors import MeshError, RankTakenError, TrainerError, TrainerTimeoutError
 from mdata.trainer.checkpoints import JobData, checkpoint_of, loader_state
-from mdata.trainer.consumption import ConsumptionTeller
+from mdata.trainer.consumption import ConsumptionTeller, StepWaits
 from mdata.trainer.registration import register_plan
 from mdata.trainer.patience import Patience
 from mdata.trainer.scheduler_loss import detach_quietly
@@ -134,6 +134,7 @@ class Loader:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.wait_seconds = 0.0
+        self.step_waits = StepWaits()  # the loop's wait per step, told with its consumption
         self.fetch_seconds = 0.0
         self._patience = Patience(self.client, job, self.rank, timeout=self.timeout,
                                   poll_interval=self.poll_interval)
@@ -224,10 +225,12 @@ class Loader:
                     f"rank {self.rank}: no batch for step {self._next_step} within {self.timeout:.0f}s; "
                     "check the Planner's dashboard for a stalled source pool"
                 ) from None
-            self.wait_seconds += time.monotonic() - began
+            waited = time.monotonic() - began
+            self.wait_seconds += waited
             if isinstance(item, BaseException):
                 raise item
             step, batch, checkpoint = item
+            self.step_waits.add(step, waited)
             self._next_step = step + 1
             self._consumed_checkpoint = checkpoint
             self._taken = step
@@ -252,7 +255,8 @@ class Loader:
             raise TrainerError("loader closed")
         with self._patience.scheduler.calls():  # a lost scheduler: say so, at once
             hub.tell(ConsumedTell(rank=self.rank, steps=tuple(steps), token=self._token,
-                                        generation=self._generation, stalled_s=self.wait_seconds))
+                                  generation=self._generation, stalled_s=self.wait_seconds,
+                                  waits=self.step_waits.of(steps)))
 
     def _prefetch_loop(self) -> None:
         from mdata.trainer.tensors import batch_to_torch
@@ -326,7 +330,8 @@ class Loader:
             try:
                 reply = self._hub.locate(step, poll, LocationAsk(
                     rank=self.rank, token=self._token, generation=self._generation,
-                    delivered=delivered, consumed=consumed, stalled_s=self.wait_seconds))
+                    delivered=delivered, consumed=consumed, stalled_s=self.wait_seconds,
+                    waits=self.step_waits.of(consumed)))
             except BaseException:
                 self._teller is None or self._teller.sent(consumed, ok=False)
                 raise

@@ -120,7 +120,9 @@ class BatchLocationRequest(Request):
     that the delivery needs no :class:`AckRequest` of its own: one message fewer per rank and
     step, the scheduler's most frequent. ``consumed``: steps the rank's training loop consumed
     and has not told yet (ascending), carried here instead of an :class:`AckRequest` each, with
-    ``stalled_s`` as in that request; applied before the long poll waits."""
+    ``stalled_s`` as in that request and ``waits``: the loop's exposed wait for each of those
+    steps' batches, in seconds (same order; -1 where not measured; empty from Loaders that
+    predate it), which the dashboard's waiting page reads; applied before the long poll waits."""
 
     handler = Handler.BATCH_LOCATION
     reply = BatchLocationReply
@@ -134,6 +136,7 @@ class BatchLocationRequest(Request):
     delivered: int | None = None
     consumed: tuple[int, ...] = ()
     stalled_s: float = -1.0
+    waits: tuple[float, ...] = ()
 
     def to_msg(self) -> dict[str, Any]:
         return {"job": self.job, "rank": self.rank, "step": self.step, "timeout": self.timeout,
@@ -149,22 +152,36 @@ class BatchLocationRequest(Request):
 
 def told_msg(req: Any) -> dict[str, Any]:
     """The fields a location ask carries besides its rank and step (``token``, ``generation``,
-    ``delivered``, and ``consumed`` with ``stalled_s`` when there is any): shared by
-    :class:`BatchLocationRequest` and :class:`~mdata.wire.host_location.LocationAsk`."""
+    ``delivered``, and ``consumed`` with ``stalled_s`` and ``waits`` when there is any): shared
+    by :class:`BatchLocationRequest` and :class:`~mdata.wire.host_location.LocationAsk`.
+    ``waits`` is sent only when measured, so a scheduler that predates it still reads the rest."""
     out = {"token": req.token, "generation": req.generation, "delivered": req.delivered}
     if req.consumed:
         out["consumed"] = [int(s) for s in req.consumed]
         out["stalled_s"] = req.stalled_s
+        if req.waits:
+            out["waits"] = [float(w) for w in req.waits]
     return out
 
 
 def read_told(r: Reader) -> tuple:
-    """``(token, generation, delivered, consumed, stalled_s)`` as :func:`told_msg` wrote them."""
+    """``(token, generation, delivered, consumed, stalled_s, waits)`` as :func:`told_msg` wrote
+    them (``waits`` empty when absent: a Loader that predates it)."""
+    consumed = check_list(r.raw("consumed", []), r, "consumed", check_int)
     return (check_str(r.raw("token", ""), r, "token"),
             check_int(r.raw("generation", 0), r, "generation"),
             r.optional("delivered", check_int),
-            check_list(r.raw("consumed", []), r, "consumed", check_int),
-            check_float(r.raw("stalled_s", -1.0), r, "stalled_s"))
+            consumed,
+            check_float(r.raw("stalled_s", -1.0), r, "stalled_s"),
+            read_waits(r, consumed, "consumed"))
+
+
+def read_waits(r: Reader, steps: tuple[int, ...], steps_field: str) -> tuple[float, ...]:
+    """The optional ``waits`` beside ``steps``: one per step when present, else empty."""
+    waits = check_list(r.raw("waits", []), r, "waits", check_float)
+    if waits and len(waits) != len(steps):
+        raise r.fail("waits", f"has {len(waits)} values for the {len(steps)} steps of {steps_field!r}")
+    return waits
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from mdata.wire.codec import (
     Handler, Message, Reader, Request, Status, check_dict, check_float, check_int, check_str,
 )
 from mdata.errors import MdataError
-from mdata.wire.delivery import BatchLocationReply, read_told, told_msg
+from mdata.wire.delivery import BatchLocationReply, read_told, read_waits, told_msg
 from mdata.wire.errors import error_from_msg, error_to_msg
 
 __all__ = ["LocationAsk", "HostLocationRequest", "HostLocationReply", "ConsumedTell",
@@ -38,6 +38,7 @@ class LocationAsk(Message):
     delivered: int | None = None
     consumed: tuple[int, ...] = ()
     stalled_s: float = -1.0
+    waits: tuple[float, ...] = ()
 
     def to_msg(self) -> dict[str, Any]:
         return {"rank": self.rank, **told_msg(self)}
@@ -117,25 +118,32 @@ class HostLocationRequest(Request):
 class ConsumedTell(Message):
     """Rank ``rank``'s training loop consumed ``steps`` (ascending; each implies its delivery);
     ``token``/``generation``: its Loader's lease; ``stalled_s`` as in
-    :class:`~mdata.wire.delivery.AckRequest`."""
+    :class:`~mdata.wire.delivery.AckRequest`; ``waits`` as in
+    :class:`~mdata.wire.delivery.BatchLocationRequest` (each step's exposed wait)."""
 
     rank: int
     steps: tuple[int, ...]
     token: str = ""
     generation: int = 0
     stalled_s: float = -1.0
+    waits: tuple[float, ...] = ()
 
     def to_msg(self) -> dict[str, Any]:
-        return {"rank": self.rank, "steps": [int(s) for s in self.steps], "token": self.token,
-                "generation": self.generation, "stalled_s": self.stalled_s}
+        out = {"rank": self.rank, "steps": [int(s) for s in self.steps], "token": self.token,
+               "generation": self.generation, "stalled_s": self.stalled_s}
+        if self.waits:  # only when measured: a scheduler that predates it reads the rest
+            out["waits"] = [float(w) for w in self.waits]
+        return out
 
     @classmethod
     def from_msg(cls, msg: Any) -> "ConsumedTell":
         r = Reader(cls.__name__, msg)
-        out = cls(r.int("rank"), r.list("steps", check_int),
+        steps = r.list("steps", check_int)
+        out = cls(r.int("rank"), steps,
                   check_str(r.raw("token", ""), r, "token"),
                   check_int(r.raw("generation", 0), r, "generation"),
-                  check_float(r.raw("stalled_s", -1.0), r, "stalled_s"))
+                  check_float(r.raw("stalled_s", -1.0), r, "stalled_s"),
+                  read_waits(r, steps, "steps"))
         r.done()
         return out
 

@@ -2,7 +2,9 @@
 
 A synchronous step takes as long as its most expensive rank; no assignment can beat the lower
 bound ``max(total / ranks, largest sample)``. The first plot shows every rank's cost (dots) with
-the lower bound (line); the second the ratio max / lower bound over time (1.0 is perfect).
+the lower bound (line); the second the ratio max / lower bound over time (1.0 is perfect). Costs
+are in the cost model's unit: GPU-ms when it is calibrated to measured step times, else relative
+(:func:`mdata.cost.cost_unit`); the axis says which.
 """
 
 from __future__ import annotations
@@ -11,10 +13,10 @@ from bokeh.layouts import column, row
 from bokeh.models import ColumnDataSource, Div
 from bokeh.plotting import figure
 
-from scheduler_plugins.dashboard.common import JobSelect, colour, job_message, show
+from scheduler_plugins.dashboard.common import JobSelect, colour, hide_on_click, job_message, show
 from scheduler_plugins.dashboard.figures import balance_figures
 
-COLUMNS = ("step", "rank", "cost", "color")
+COLUMNS = ("step", "rank", "rank_label", "cost", "color")
 STEP_COLUMNS = ("step", "lower_bound", "max_cost", "mean_cost", "max_over_lower_bound", "max_over_mean")
 
 
@@ -27,21 +29,25 @@ class BalancePanel:
         self.jobs = JobSelect(scheduler, job)
         self.source = ColumnDataSource({c: [] for c in COLUMNS}, name="mdata-balance-ranks")  # (step, rank)
         self.step_source = ColumnDataSource({c: [] for c in STEP_COLUMNS}, name="mdata-balance-steps")
-        self.cost = figure(title="cost per DP rank (dots) vs lower bound (line)", height=300,
-                           sizing_mode="stretch_width", x_axis_label="step", y_axis_label="cost",
-                           tools="pan,wheel_zoom,reset")
+        self.cost = figure(title="cost per DP rank (dots) vs lower bound (line); click a rank in "
+                           "the legend to hide it", height=300, sizing_mode="stretch_width",
+                           x_axis_label="step", y_axis_label="cost", tools="pan,wheel_zoom,reset")
         self.cost.line(x="step", y="lower_bound", color="black", line_width=2, legend_label="lower bound",
                        source=self.step_source)
-        self.cost.scatter(x="step", y="cost", color="color", size=7, source=self.source)
+        self.cost.scatter(x="step", y="cost", color="color", size=7, alpha=0.7,
+                          legend_field="rank_label", source=self.source)
         self.cost.legend.location = "top_left"
+        self.cost.legend.orientation = "horizontal"
         self.imbalance = figure(title="imbalance: max cost / lower bound", height=260,
                                 sizing_mode="stretch_width", x_axis_label="step",
                                 tools="pan,wheel_zoom,reset")
-        self.imbalance.line(x="step", y="max_over_lower_bound", line_width=2, color=colour(3),
-                            legend_label="max / lower bound", source=self.step_source)
-        self.imbalance.line(x="step", y="max_over_mean", line_width=1, line_dash="dashed",
+        # the two ratios often coincide: a wide translucent line under a dashed one shows both
+        self.imbalance.line(x="step", y="max_over_lower_bound", line_width=4, line_alpha=0.4,
+                            color=colour(3), legend_label="max / lower bound", source=self.step_source)
+        self.imbalance.line(x="step", y="max_over_mean", line_width=2, line_dash="dashed",
                             color=colour(0), legend_label="max / mean", source=self.step_source)
         self.imbalance.legend.location = "top_left"
+        hide_on_click(self.cost, self.imbalance)
         self.message = Div()
         self.root = column(row(self.jobs.widget, self.message), self.cost, self.imbalance, **kwargs)
 
@@ -53,11 +59,15 @@ class BalancePanel:
             self.step_source.data = {c: [] for c in STEP_COLUMNS}
             return
         figs = balance_figures(runtime, last=self.last_steps)
+        label = f"cost ({figs['unit']})"
+        if self.cost.yaxis[0].axis_label != label:
+            self.cost.yaxis[0].axis_label = label
         data = {c: [] for c in COLUMNS}
         for step, costs in zip(figs["steps"], figs["per_rank_cost"]):
             for rank, cost in enumerate(costs):
                 data["step"].append(step)
                 data["rank"].append(rank)
+                data["rank_label"].append(f"DP rank {rank}")
                 data["cost"].append(cost)
                 data["color"].append(colour(rank))
         self.source.data = data

@@ -8,7 +8,10 @@ only by the page code below, so the JSON routes, which share the lookups, run wi
 
 from __future__ import annotations
 
+import html
 from typing import TYPE_CHECKING, Any
+
+from mdata.dashboard_pages import PAGES
 
 if TYPE_CHECKING:
     from scheduler_plugins.job_runtime import JobRuntime
@@ -43,6 +46,38 @@ def colour(i: int) -> str:
     from bokeh.palettes import Category10_10
 
     return Category10_10[i % len(Category10_10)]
+
+
+#: The name of every page's header Div (title, purpose, links to the other pages).
+HEADER_NAME = "mdata-page-header"
+
+
+def header_html(title: str) -> str:
+    """HTML of a page's header: "mdata: <title>", what the page answers, and a link to every other
+    mdata page and to Dask's own status page. Links are relative to the page (``individual-...``)
+    so they keep working behind a proxy or a dashboard prefix."""
+    page = next(p for p in PAGES if p.title == title)
+    links = " | ".join(
+        f"<b>{html.escape(p.title)}</b>" if p is page else
+        f'<a href="{p.route.lstrip("/")}">{html.escape(p.title)}</a>' for p in PAGES)
+    return (f'<div style="font-size:1.4em;font-weight:bold">mdata: {html.escape(page.title)}</div>'
+            f"<div>{html.escape(page.purpose)}</div>"
+            f'<div>pages: {links} | <a href="status">Dask status</a></div>')
+
+
+def header(title: str):
+    """The Bokeh Div at the top of every mdata page (:func:`header_html`)."""
+    from bokeh.models import Div
+
+    return Div(text=header_html(title), name=HEADER_NAME, sizing_mode="stretch_width")
+
+
+def hide_on_click(*figures) -> None:
+    """Legends whose entries hide their lines when clicked (overlapping lines stay readable)."""
+    for fig in figures:
+        for legend in fig.legend:
+            legend.click_policy = "hide"
+            legend.background_fill_alpha = 0.6
 
 
 class JobSelect:
@@ -87,17 +122,19 @@ class JobSelect:
 
 
 def show(doc, component, title: str, interval_ms: int = 1000) -> None:
-    """Put a panel on a Bokeh document and refresh it every ``interval_ms``, as distributed does.
+    """Put a panel on a Bokeh document under its page header (:func:`header`) and refresh it every
+    ``interval_ms``, as distributed does; ``title`` is the page's in :data:`PAGES`.
 
     The periodic callback holds the component through a weak reference (distributed's
     ``add_periodic_callback``), so a closed browser tab does not keep the panel alive.
     """
     from distributed.dashboard.components import add_periodic_callback
+    from bokeh.layouts import column
     from distributed.dashboard.components.scheduler import BOKEH_THEME
 
     component.update()
     add_periodic_callback(doc, component, interval_ms)
-    doc.add_root(component.root)
+    doc.add_root(column(header(title), component.root, sizing_mode="stretch_both"))
     doc.title = f"mdata: {title}"
     doc.theme = BOKEH_THEME
 

@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from mdata.cost import cost_unit
 from mdata.planner.quarantine import describe_quarantine
 from mdata.sources import describe_storage_wait
 from scheduler_plugins.lineage_store import story_query, story_sample
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "job_summary", "sources_figures", "pools_timeline", "mixture_figures", "balance_figures", "trainers_figures",
-    "story_rows", "story_sample", "story_table", "STORY_COLUMNS",
+    "waiting_figures", "story_rows", "story_sample", "story_table", "STORY_COLUMNS",
 ]
 
 NO_TARGET_REASON = "no target yet: the Planner sizes pools once it has measured load times and a step rate"
@@ -177,7 +178,9 @@ def mixture_figures(runtime: "JobRuntime", *, last: int | None = None) -> dict[s
 
 
 def balance_figures(runtime: "JobRuntime", *, last: int | None = None) -> dict[str, Any]:
-    """Per balanced step: cost of each DP rank, the lower bound, and imbalance ratios.
+    """Per balanced step: cost of each DP rank, the lower bound, and imbalance ratios; ``unit``:
+    what the costs are in (``GPU-ms`` for a calibrated cost model, else ``relative cost``:
+    :func:`mdata.cost.cost_unit`).
 
     ``last`` keeps only the newest steps.
     """
@@ -188,6 +191,7 @@ def balance_figures(runtime: "JobRuntime", *, last: int | None = None) -> dict[s
     return {
         "job": runtime.job,
         "dp": runtime.plan.mesh.dp,
+        "unit": cost_unit(runtime.plan.cost_model),
         "steps": [int(s["step"]) for s in steps],
         "per_rank_cost": per_rank,
         "lower_bound": [float(s["lower_bound"]) for s in steps],
@@ -210,6 +214,41 @@ def trainers_figures(runtime: "JobRuntime") -> dict[str, Any]:
         "last_step": [f.last_step for f in figures],
         "wait_by_step": {str(f.rank): {str(k): v for k, v in f.wait_by_step.items()} for f in figures},
     }
+
+
+def waiting_figures(runtime: "JobRuntime") -> dict[str, Any]:
+    """Is training waiting on data, on which rank, on which source? Per rank, each step's exposed
+    wait (the training loop blocked in the Loader), when it was told (seconds since the job
+    started) and the source it is attributed to (:mod:`mdata.data_waits`; ``""``: too short to
+    blame); totals per rank and per source, and ``answer``: the question answered in a sentence."""
+    ledger = runtime.data_waits
+    offset = time.time() - time.monotonic() - runtime.started  # the ledger's clock is monotonic
+    ranks: dict[str, dict[str, list]] = {}
+    for w in ledger.waits():
+        cols = ranks.setdefault(str(w.rank), {"step": [], "wait_s": [], "source": [], "time_s": []})
+        cols["step"].append(w.step)
+        cols["wait_s"].append(w.wait_s)
+        cols["source"].append(w.source)
+        cols["time_s"].append(w.told_at + offset)
+    by_rank = {str(r): total for r, total in ledger.by_rank().items()}
+    by_source = ledger.by_source()
+    return {"job": runtime.job, "world_size": runtime.plan.mesh.world_size,
+            "sources": list(runtime.view.names), "min_wait_s": ledger.min_wait_s, "ranks": ranks,
+            "wait_by_rank": by_rank, "wait_by_source": by_source,
+            "answer": waiting_answer(by_rank, by_source, ledger.min_wait_s)}
+
+
+def waiting_answer(by_rank: dict[str, float], by_source: dict[str, float], min_wait_s: float) -> str:
+    """One sentence: how long training waited on data, the rank that waited most, the source most
+    of the wait is blamed on."""
+    total = sum(by_rank.values())
+    if not by_source:
+        return (f"training is not waiting on data: no step's batch came later than {min_wait_s * 1e3:g} ms"
+                if by_rank else "no trainer has told its waits yet")
+    rank, rank_s = max(by_rank.items(), key=lambda kv: kv[1])
+    source, source_s = next(iter(by_source.items()))
+    return (f"training waited {total:.2f} s on data in all; most on rank {rank} ({rank_s:.2f} s); "
+            f"{source_s:.2f} s of it is blamed on source {source!r}")
 
 
 STORY_COLUMNS = ("lineage_id", "event", "step", "dp_rank", "micro_batch", "position",

@@ -11,7 +11,7 @@ from bokeh.layouts import column, row
 from bokeh.models import CDSView, ColumnDataSource, Div, GroupFilter
 from bokeh.plotting import figure
 
-from scheduler_plugins.dashboard.common import JobSelect, colour, job_message, show
+from scheduler_plugins.dashboard.common import JobSelect, colour, hide_on_click, job_message, show
 from scheduler_plugins.dashboard.figures import mixture_figures
 
 COLUMNS = ("xs", "ys", "source_name", "kind", "color")
@@ -27,7 +27,8 @@ class MixturePanel:
         self.last_steps = last_steps  # the browser redraws every line each second: keep it bounded
         self.jobs = JobSelect(scheduler, job)
         self.source = ColumnDataSource({c: [] for c in COLUMNS}, name="mdata-mixture-lines")
-        self.per_step = self._plot("weight per step: realized (solid) vs target (dashed)", "realized")
+        self.per_step = self._plot("weight per step: realized (solid) vs target (dashed); click a "
+                                   "source in the legend to hide it", "realized")
         self.cumulative = self._plot("cumulative weight: realized (solid) vs target (dashed)",
                                      "cumulative")
         self.message = Div()
@@ -37,11 +38,12 @@ class MixturePanel:
         fig = figure(title=title, height=300, sizing_mode="stretch_width", x_axis_label="step",
                      y_axis_label="share of the step's samples", tools="pan,wheel_zoom,reset")
         fig.multi_line(xs="xs", ys="ys", line_color="color", line_dash="dashed", line_width=2,
-                       source=self.source, view=_only("target"))
-        fig.multi_line(xs="xs", ys="ys", line_color="color", line_width=2, legend_field="source_name",
-                       source=self.source, view=_only(kind))
+                       line_alpha=0.5, source=self.source, view=_only("target"))
+        fig.multi_line(xs="xs", ys="ys", line_color="color", line_width=2, line_alpha=0.8,
+                       legend_field="source_name", source=self.source, view=_only(kind))
         fig.legend.location = "top_left"
         fig.legend.orientation = "horizontal"
+        hide_on_click(fig)
         return fig
 
     def update(self) -> None:

@@ -12,18 +12,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, MutableMapping
 
+from mdata.dashboard_pages import PAGES as TABLE
+from mdata.dashboard_pages import ROUTES
 from mdata.distribution import install_hint
 
 logger = logging.getLogger("mdata.dashboard")
 
-#: The routes of mdata's pages (their functions: :func:`page_functions`).
-PAGES = (
-    "/individual-mdata-sources",
-    "/individual-mdata-mixture",
-    "/individual-mdata-balance",
-    "/individual-mdata-trainers",
-    "/individual-mdata-lineage",
-)
+#: The routes of mdata's pages (their functions: :func:`page_functions`); the table with their
+#: titles and purposes is :data:`mdata.dashboard_pages.PAGES`, which the driver prints from.
+PAGES = ROUTES
 
 
 def page_functions() -> dict[str, Callable]:
@@ -34,8 +31,11 @@ def page_functions() -> dict[str, Callable]:
     from scheduler_plugins.dashboard.mixture import mixture_doc
     from scheduler_plugins.dashboard.sources import sources_doc
     from scheduler_plugins.dashboard.trainers import trainers_doc
+    from scheduler_plugins.dashboard.waiting import waiting_doc
 
-    return dict(zip(PAGES, (sources_doc, mixture_doc, balance_doc, trainers_doc, lineage_doc)))
+    docs = {"sources": sources_doc, "mixture": mixture_doc, "balance": balance_doc,
+            "trainers": trainers_doc, "waiting": waiting_doc, "lineage": lineage_doc}
+    return {page.route: docs[page.title] for page in TABLE}
 
 
 def register_pages(applications: MutableMapping[str, Callable] | None = None) -> list[str]:

@@ -1,7 +1,8 @@
 """JSON routes for the figures of mdata's dashboard pages, served by the scheduler's HTTP server.
 
     /mdata/api/jobs                                  every job: identity and progress
-    /mdata/api/<job>/sources | pools | mixture | balance | trainers   (mixture, balance: ?last=N steps)
+    /mdata/api/<job>/sources | pools | mixture | balance | trainers | waiting
+                                                     (mixture, balance: ?last=N steps)
     /mdata/api/<job>/story/<source>/<shard>/<row>    the lineage story of one sample (whole run)
 
 The figures come from :mod:`scheduler_plugins.dashboard.figures`, as the pages' do. distributed
@@ -32,6 +33,7 @@ FIGURES = {
     "mixture": figures.mixture_figures,
     "balance": figures.balance_figures,
     "trainers": figures.trainers_figures,
+    "waiting": figures.waiting_figures,
 }
 
 

@@ -22,16 +22,26 @@ from __future__ import annotations
 import html
 
 from bokeh.layouts import column, gridplot, row
-from bokeh.models import ColumnDataSource, DataTable, Div, HoverTool, NumberFormatter, TableColumn
+from bokeh.models import (ColumnDataSource, DataTable, Div, HoverTool, HTMLTemplateFormatter,
+                          NumberFormatter, TableColumn)
 from bokeh.plotting import figure
 
-from scheduler_plugins.dashboard.common import JobSelect, colour, job_message, show
+from scheduler_plugins.dashboard.common import JobSelect, colour, hide_on_click, job_message, show
 from scheduler_plugins.dashboard.figures import pools_timeline, sources_figures
 
 COLUMNS = ("source", "samples_per_s", "loaded_samples", "backlog_chunks", "backlog_rows",
            "failed_chunks", "pool_workers", "target", "reason", "storage", "quarantined", "color")
 LINES = ("xs", "ys", "source_name", "color")
 DECISIONS = ("time", "target", "source_name", "kind", "by", "reason", "color")
+#: Long text cells wrap inside their (tall) rows, the whole text on hover, instead of being cut.
+WRAP = ('<div title="<%- value %>" style="white-space: normal; line-height: 1.25; overflow-y: auto; '
+        'height: 100%"><%- value %></div>')
+#: (field, title, width in px): every width holds its title, so no header is cut.
+TABLE = (("source", "source", 90), ("samples_per_s", "samples/s", 90), ("loaded_samples", "loaded", 80),
+         ("backlog_chunks", "backlog (tasks)", 135), ("backlog_rows", "backlog (rows)", 125),
+         ("failed_chunks", "failed", 60), ("pool_workers", "pool workers", 110),
+         ("target", "target", 60), ("reason", "reason for the target", 520),
+         ("storage", "storage", 360), ("quarantined", "quarantined (on_corrupt='skip')", 260))
 
 
 class SourcesPanel:
@@ -51,35 +61,31 @@ class SourcesPanel:
                               x_range=self.rate.x_range, **opts)
         self.demand = figure(title="demand: busy loader threads (headroom included)",
                              x_range=self.rate.x_range, **opts)
-        for fig, key in ((self.rate, "rate"), (self.backlog, "backlog"), (self.workers, "workers"),
-                         (self.demand, "demand")):
+        for fig, key, unit in ((self.rate, "rate", "samples/s"), (self.backlog, "backlog", "load tasks"),
+                               (self.workers, "workers", "workers"),
+                               (self.demand, "demand", "busy loader threads")):
+            fig.yaxis.axis_label = unit
             fig.multi_line(xs="xs", ys="ys", line_color="color", line_width=2, source=self.lines[key],
-                           legend_field="source_name")
+                           line_alpha=0.8, legend_field="source_name")
             fig.y_range.start = 0
             fig.xaxis.axis_label = "seconds since the job started"
             fig.legend.location = "top_left"
-            fig.legend.background_fill_alpha = 0.5
-        self.workers.multi_line(xs="xs", ys="ys", line_color="color", line_width=2,
+        hide_on_click(self.rate, self.backlog, self.workers, self.demand)
+        self.workers.multi_line(xs="xs", ys="ys", line_color="color", line_width=2, line_alpha=0.6,
                                 line_dash="dashed", source=self.lines["target"])
         dots = self.workers.scatter(x="time", y="target", color="color", size=9, source=self.decisions)
         self.workers.add_tools(HoverTool(renderers=[dots], tooltips=[
             ("source", "@source_name"), ("decision", "@kind by @by"), ("reason", "@reason")]))
-        fmt = NumberFormatter(format="0,0.0")
+        # a formatter per panel: a Bokeh model belongs to one document (one browser tab)
+        formats = {"samples_per_s": NumberFormatter(format="0,0.0"),
+                   **{f: HTMLTemplateFormatter(template=WRAP) for f in ("reason", "storage", "quarantined")}}
+        # widths as given (autosize "none": the table scrolls sideways rather than squeeze its
+        # columns and cut their titles); rows tall enough for a reason of three lines
         self.table = DataTable(
-            source=self.source, index_position=None, height=200, sizing_mode="stretch_width",
-            columns=[
-                TableColumn(field="source", title="source", width=80),
-                TableColumn(field="samples_per_s", title="samples/s", formatter=fmt, width=80),
-                TableColumn(field="loaded_samples", title="loaded", width=70),
-                TableColumn(field="backlog_chunks", title="backlog (tasks)", width=90),
-                TableColumn(field="backlog_rows", title="backlog (rows)", width=90),
-                TableColumn(field="failed_chunks", title="failed", width=50),
-                TableColumn(field="pool_workers", title="pool workers", width=80),
-                TableColumn(field="target", title="target", width=50),
-                TableColumn(field="reason", title="reason", width=500),
-                TableColumn(field="storage", title="storage", width=500),
-                TableColumn(field="quarantined", title="quarantined (on_corrupt='skip')", width=500),
-            ],
+            source=self.source, index_position=None, height=260, sizing_mode="stretch_width",
+            autosize_mode="none", row_height=60, name="mdata-sources-table",
+            columns=[TableColumn(field=f, title=t, width=w, **({"formatter": formats[f]} if f in formats else {}))
+                     for f, t, w in TABLE],
         )
         self.message = Div()
         self.storage = Div(styles={"color": "#b00020"})  # storage waits, autoscaler errors

@@ -1,8 +1,11 @@
 """Trainers panel: how long each trainer rank waited for its batches, and what it consumed.
 
-A wait is time a rank's request for its next batch was blocked because the batch was not built
-yet: the data pipeline's share of an idle GPU. Totals per rank sit beside the steps each rank
-consumed; the line plot shows waits per step, so a stall is visible when it happens.
+A wait here is time a rank's prefetcher's request for its next batch was blocked on the Planner
+because the batch was not built yet; it overlaps compute while the prefetcher is ahead. What the
+training loop itself waited (the GPU time data cost), and the source each wait is blamed on, is
+on the waiting page (:mod:`scheduler_plugins.dashboard.waiting`). Totals per rank sit beside the
+steps each rank consumed; the line plot shows waits per step, so a stall is visible when it
+happens.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from bokeh.layouts import column, row
 from bokeh.models import ColumnDataSource, Div, FactorRange
 from bokeh.plotting import figure
 
-from scheduler_plugins.dashboard.common import JobSelect, colour, job_message, show
+from scheduler_plugins.dashboard.common import JobSelect, colour, hide_on_click, job_message, show
 from scheduler_plugins.dashboard.figures import trainers_figures
 
 COLUMNS = ("rank", "wait_s", "steps_consumed", "last_step", "color")
@@ -27,21 +30,26 @@ class TrainersPanel:
         self.source = ColumnDataSource({c: [] for c in COLUMNS}, name="mdata-trainers")  # per rank
         self.steps_source = ColumnDataSource({c: [] for c in STEP_COLUMNS}, name="mdata-trainers-steps")
         ranks = FactorRange()
-        self.wait = figure(title="time waiting for batches (s) per rank", x_range=ranks, height=240,
+        self.wait = figure(title="prefetcher's wait for batches (s) per rank (the loop's own: "
+                           "waiting page)", x_range=ranks, height=240, x_axis_label="rank",
+                           y_axis_label="seconds",
                            sizing_mode="stretch_width", tools="", toolbar_location=None)
         self.wait.vbar(x="rank", top="wait_s", width=0.8, color="color", source=self.source)
         self.consumed = figure(title="steps consumed per rank", x_range=ranks, height=240,
+                               x_axis_label="rank", y_axis_label="steps",
                                sizing_mode="stretch_width", tools="", toolbar_location=None)
         self.consumed.vbar(x="rank", top="steps_consumed", width=0.8, color="color", source=self.source)
         for fig in (self.wait, self.consumed):
             fig.y_range.start = 0
-        self.per_step = figure(title="wait per step (s), one line per rank", height=260,
+        self.per_step = figure(title="prefetcher's wait per step (s), one line per rank: click a "
+                               "rank in the legend to hide it", height=260, y_axis_label="seconds",
                                sizing_mode="stretch_width", x_axis_label="step",
                                tools="pan,wheel_zoom,reset")
-        self.per_step.multi_line(xs="xs", ys="ys", line_color="color", line_width=2,
+        self.per_step.multi_line(xs="xs", ys="ys", line_color="color", line_width=2, line_alpha=0.7,
                                  legend_field="rank", source=self.steps_source)
         self.per_step.legend.location = "top_left"
         self.per_step.legend.orientation = "horizontal"
+        hide_on_click(self.per_step)
         self.message = Div()
         self.root = column(row(self.jobs.widget, self.message),
                            row(self.wait, self.consumed, sizing_mode="stretch_width"), self.per_step,

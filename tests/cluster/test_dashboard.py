@@ -9,6 +9,7 @@ JSON routes served by the same scheduler.
 from __future__ import annotations
 
 import asyncio
+import html
 import json
 import urllib.error
 import urllib.request
@@ -20,11 +21,12 @@ from conftest import run_loaders
 from mdata.driver import submit_job
 from mdata.driver.demo import demo_plan
 from scheduler_plugins.dashboard.balance import BalancePanel
-from scheduler_plugins.dashboard.common import LATEST
+from mdata.dashboard_pages import PAGES as TABLE
+from scheduler_plugins.dashboard.common import HEADER_NAME, LATEST
 from scheduler_plugins.dashboard.figures import STORY_COLUMNS
 from scheduler_plugins.dashboard.lineage import LineagePanel
 from scheduler_plugins.dashboard.mixture import MixturePanel
-from scheduler_plugins.dashboard.pages import PAGES
+from scheduler_plugins.dashboard.pages import PAGES, page_functions
 from scheduler_plugins.dashboard.sources import SourcesPanel
 from scheduler_plugins.dashboard.trainers import TrainersPanel
 
@@ -111,14 +113,48 @@ def test_pages_are_on_the_dashboard_and_listed_for_labextension(mdata_cluster):
         "Individual Mdata Mixture": "/individual-mdata-mixture",
         "Individual Mdata Balance": "/individual-mdata-balance",
         "Individual Mdata Trainers": "/individual-mdata-trainers",
+        "Individual Mdata Waiting": "/individual-mdata-waiting",
         "Individual Mdata Lineage": "/individual-mdata-lineage",
     }
     assert set(listed.values()) == set(PAGES)
-    base = mdata_cluster.dashboard_link.rsplit("/", 1)[0]
-    for route in PAGES:
-        with urllib.request.urlopen(base + route, timeout=30) as reply:
+    # the links MdataCluster gives are the pages the dashboard serves, each with its title
+    assert list(mdata_cluster.dashboard_links.values()) == [
+        mdata_cluster.dashboard_link.rsplit("/", 1)[0] + route for route in PAGES]
+    for page in TABLE:
+        with urllib.request.urlopen(mdata_cluster.dashboard_links[page.title], timeout=30) as reply:
             assert reply.status == 200
-            assert "bokeh" in reply.read().decode().lower()
+            text = reply.read().decode()
+            assert "bokeh" in text.lower()
+            assert f"<title>mdata: {page.title}</title>" in text
+
+
+def test_every_page_has_its_title_and_links_to_every_other_page(mdata_cluster, job):
+    """Each page's Bokeh document, as the dashboard builds it, starts with a header naming the
+    page and linking every other mdata page (relative links: they survive a proxy's prefix)."""
+    from bokeh.document import Document
+
+    def render(scheduler):
+        docs = {}
+        for route, make in page_functions().items():
+            doc = Document()
+            make(scheduler, {}, doc)
+            docs[route] = doc
+        return docs
+
+    docs = on_loop(mdata_cluster, render)
+    assert list(docs) == list(PAGES)
+    for page in TABLE:
+        doc = docs[page.route]
+        assert doc.title == f"mdata: {page.title}"
+        header = doc.roots[0].children[0]
+        assert header.name == HEADER_NAME
+        assert f"mdata: {page.title}</div>" in header.text and html.escape(page.purpose) in header.text
+        for other in TABLE:
+            link = f'<a href="{other.route.lstrip("/")}">{other.title}</a>'
+            assert (link in header.text) == (other is not page), (page.title, other.title)
+        assert '<a href="status">' in header.text
+        for callback in list(doc.session_callbacks):  # stop the pages' refreshes
+            doc.remove_periodic_callback(callback)
 
 
 def test_trainers_panel_counts_every_rank_and_step(mdata_cluster, job):
@@ -143,6 +179,27 @@ def test_trainers_panel_counts_every_rank_and_step(mdata_cluster, job):
     assert api["wait_s"] == pytest.approx(list(data["wait_s"]))
     assert api["wait_by_step"]["3"] == pytest.approx(
         {str(s): y for s, y in zip(range(STEPS), lines["ys"][3])})
+
+
+def test_waiting_route_and_panel_hold_every_ranks_exposed_wait_per_step(mdata_cluster, job):
+    from scheduler_plugins.dashboard.waiting import WaitingPanel
+
+    status, api = get_json(mdata_cluster, f"mdata/api/{JOB}/waiting")
+    assert status == 200 and api["world_size"] == DP * CP
+    assert sorted(api["ranks"]) == ["0", "1", "2", "3"]
+    for rank, cols in api["ranks"].items():
+        assert cols["step"] == list(range(STEPS)), rank
+        assert all(w >= 0 for w in cols["wait_s"])
+        # a wait is blamed on one of the job's sources, or on none when too short to matter
+        assert all(s in job["names"] or (s == "" and w < api["min_wait_s"])
+                   for s, w in zip(cols["source"], cols["wait_s"])), cols
+    assert api["wait_by_rank"] == pytest.approx(
+        {r: sum(c["wait_s"]) for r, c in api["ranks"].items()})
+    assert api["answer"]
+    panel = build(mdata_cluster, WaitingPanel)
+    assert list(panel.lines.data["rank"]) == ["rank 0", "rank 1", "rank 2", "rank 3"]
+    assert [list(ys) for ys in panel.lines.data["ys"]] == [api["ranks"][r]["wait_s"] for r in "0123"]
+    assert panel.per_rank.legend[0].click_policy == "hide"
 
 
 def test_mixture_panel_matches_the_lineage_of_each_step(mdata_cluster, job):
@@ -193,6 +250,11 @@ def test_balance_panel_holds_every_rank_cost_and_the_lower_bound(mdata_cluster, 
         assert mx == max(costs) >= lb >= sum(costs) / DP
         assert ratio == pytest.approx(mx / lb)
     assert list(steps["max_over_lower_bound"]) == api["max_over_lower_bound"]
+    # AttentionCost's coefficients fix ratios only: the axis says so rather than pretend a unit
+    assert api["unit"] == "relative cost"
+    assert panel.cost.yaxis[0].axis_label == "cost (relative cost)"
+    assert list(data["rank_label"]) == ["DP rank 0", "DP rank 1"] * n  # the legend's entries
+    assert panel.cost.legend[0].click_policy == "hide"
 
 
 def test_sources_panel_shows_loads_backlog_and_pool_targets(mdata_cluster, job):
@@ -230,6 +292,13 @@ def test_sources_panel_shows_loads_backlog_and_pool_targets(mdata_cluster, job):
     assert all(len(ys) >= 1 and ys[0] > 0 and min(ys) >= 0 for ys in demand["ys"])
     decisions = panel.decisions.data  # every source's first decision is a start
     assert {n for n, k in zip(decisions["source_name"], decisions["kind"]) if k == "start"} == set(names)
+    # no column is narrower than its title, and the table keeps those widths (no squeezing)
+    assert panel.table.autosize_mode == "none"
+    for col in panel.table.columns:
+        assert col.width >= 8 * len(col.title) + 12, (col.title, col.width)
+    wrapped = {c.field for c in panel.table.columns if "white-space: normal" in
+               getattr(c.formatter, "template", "")}
+    assert wrapped == {"reason", "storage", "quarantined"}
     # the table redraws when its values change (Bokeh's DataTable ignores same-length updates)
     header = panel.table.index_header
     panel.source.data = {**panel.source.data, "samples_per_s": [-1.0] * len(names)}
@@ -287,7 +356,7 @@ def test_unknown_names_answer_with_what_exists(mdata_cluster, job):
     status, api = get_json(mdata_cluster, f"mdata/api/{JOB}/costs")
     assert status == 404
     assert api["error"] == ("no mdata figures named 'costs'; "
-                            "choose one of ['balance', 'mixture', 'pools', 'sources', 'trainers']")
+                            "choose one of ['balance', 'mixture', 'pools', 'sources', 'trainers', 'waiting']")
 
 
 def test_jobs_route_and_selector_follow_the_latest_job_unless_one_is_picked(mdata_cluster, job,

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from fixtures_cli import printed_lines
 
+from mdata.dashboard_pages import PAGES
 from mdata.driver import submit_job
 from mdata.trainer import Loader
 from mdata.cost import AttentionCost
@@ -32,6 +33,10 @@ def test_cluster_up_prints_addresses_and_serves_trainers(example_corpus):
         address = lines["scheduler"]
         assert address.startswith("tcp://127.0.0.1:")
         assert lines["dashboard"].startswith("http://127.0.0.1:")
+        # a line per mdata page, its full URL on the same dashboard
+        base = lines["dashboard"].removesuffix("/status")
+        assert [k for k in lines if k.startswith("mdata ")] == [f"mdata {p.title}" for p in PAGES]
+        assert all(lines[f"mdata {p.title}"].startswith(base + p.route + "  (") for p in PAGES)
         assert "captions" in lines["pools"]
 
         sources = example_sources(example_corpus)

@@ -63,6 +63,28 @@ return find(document);
 """
 
 
+# The page's header (title, purpose, links to the other pages) as its Bokeh Div holds it.
+READ_HEADER = """
+const doc = (window.Bokeh && Bokeh.documents.length) ? Bokeh.documents[0] : null;
+if (doc === null) return null;
+for (const model of doc.all_models) if (model.name === "mdata-page-header") return model.text;
+return null;
+"""
+
+# The rendered link to another page, inside the nested shadow roots of Bokeh's layout views.
+FIND_LINK = """
+const href = arguments[0];
+function find(root) {
+  for (const el of root.querySelectorAll("*")) {
+    if (el.tagName === "A" && el.getAttribute("href") === href) return el;
+    if (el.shadowRoot) { const hit = find(el.shadowRoot); if (hit) return hit; }
+  }
+  return null;
+}
+return find(document);
+"""
+
+
 def _binaries() -> tuple[str, str]:
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     driver = shutil.which("chromedriver")
@@ -218,6 +240,45 @@ def test_trainers_page_plots_every_rank(browser, running_job, shots):
     columns = data["mdata-trainers"]["columns"]
     assert columns["rank"] == ["0", "1", "2", "3"]
     assert data["mdata-trainers-steps"]["length"] == DP * CP
+
+
+def test_every_page_has_its_title_and_links_to_every_other_page(browser, running_job, shots):
+    """Each page says which it is and links to every other: following the links from the first
+    page visits them all, each titled (the browser's tab and the page's own header)."""
+    from mdata.dashboard_pages import PAGES
+
+    base = running_job["cluster"].dashboard_link.rsplit("/", 1)[0]
+    browser.get(base + PAGES[0].route)
+    for page, following in zip(PAGES, (*PAGES[1:], None)):
+        deadline = time.monotonic() + 30
+        text = None
+        while text is None and time.monotonic() < deadline:
+            text = browser.execute_script(READ_HEADER)
+            time.sleep(0.2)
+        assert browser.current_url == base + page.route
+        assert browser.title == f"mdata: {page.title}"
+        assert text is not None and f"mdata: {page.title}</div>" in text, text
+        for other in PAGES:
+            assert (f'href="{other.route.lstrip("/")}"' in text) == (other is not page), other
+        if following is not None:  # click through to the next page, as a user would
+            link = browser.execute_script(FIND_LINK, following.route.lstrip("/"))
+            assert link is not None, f"no link to {following.title} on {page.title}"
+            link.click()
+            deadline = time.monotonic() + 30
+            while browser.current_url != base + following.route and time.monotonic() < deadline:
+                time.sleep(0.1)
+
+
+def test_waiting_page_plots_every_ranks_waits_and_their_sources(browser, running_job, shots):
+    names = running_job["names"]
+    data = open_page(browser, running_job, "/individual-mdata-waiting",
+                     lambda s: s.get("mdata-waiting-ranks", {}).get("length") == DP * CP
+                     and min(len(xs) for xs in s["mdata-waiting-ranks"]["columns"]["xs"]) >= 2, shots)
+    ranks = data["mdata-waiting-ranks"]["columns"]
+    assert ranks["rank"] == ["rank 0", "rank 1", "rank 2", "rank 3"]
+    assert all(y >= 0 for ys in ranks["ys"] for y in ys)
+    blamed = set(data["mdata-waiting-waits"]["columns"]["source_name"])
+    assert blamed <= {*names, "(too short to blame)", "(unknown)"}, blamed
 
 
 def test_lineage_page_tells_a_typed_sample_story(browser, running_job, shots):

@@ -30,5 +30,12 @@ def test_mdata_demo_writes_a_summary_with_exactly_once(example_corpus, tmp_path)
     assert summary["wall_seconds"] > 0
     assert set(summary["sources"]) >= {"chat", "scenes", "books", "code", "captions"}
     assert "| exactly_once | True |" in proc.stdout
+    # where the dashboard link is printed, every mdata page follows with its full URL
+    from mdata.dashboard_pages import PAGES
+
+    said = next(line for line in proc.stdout.splitlines() if line.startswith("scheduler "))
+    base = said.rsplit("dashboard ", 1)[1].removesuffix("/status")
+    for page in PAGES:
+        assert f"mdata {page.title}: {base}{page.route}  ({page.purpose})" in proc.stdout
     # trainers, client and cluster close in order: nothing is torn down mid-request
     assert "Traceback" not in proc.stderr, proc.stderr[-6000:]

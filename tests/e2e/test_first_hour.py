@@ -11,10 +11,13 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 from fixtures_cli import next_line, printed_lines
+
+from mdata.dashboard_pages import PAGES
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -83,9 +86,15 @@ def served(tmp_path_factory):
 def test_cluster_up_and_train_py_agree_on_the_default_job_name(served):
     """No --job on either side: the trainer finds the job `cluster up --plan` registered."""
     # what a trainer and a browser need comes first, then the pools and the job
-    assert list(served)[:5] == ["scheduler", "dashboard", "mdata pages", "pools", "job"]
+    pages = [f"mdata {page.title}" for page in PAGES]
+    assert list(served)[:4 + len(pages)] == ["scheduler", "dashboard", *pages, "pools", "job"]
+    # every mdata page by its full URL, each answering with its own titled page
     dashboard = served["dashboard"].removesuffix("/status")
-    assert served["mdata pages"].startswith(f"{dashboard}/individual-mdata-sources (and -mixture")
+    for page in PAGES:
+        url, _, purpose = served[f"mdata {page.title}"].partition("  ")
+        assert url == dashboard + page.route and purpose == f"({page.purpose})"
+        with urllib.request.urlopen(url, timeout=30) as reply:
+            assert f"<title>mdata: {page.title}</title>" in reply.read().decode()
     assert served["job"].startswith("default (fingerprint ")
     assert next_line(served.proc, "job 'default': step 0, ", timeout=15).endswith(
         "no trainer attached yet, sources waiting: none")

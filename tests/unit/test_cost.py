@@ -7,7 +7,7 @@ import pickle
 import numpy as np
 import pytest
 
-from mdata.cost import AttentionCost, CombinedCost, CostModel, ImagePatchCost, evaluate_cost
+from mdata.cost import AttentionCost, CombinedCost, CostModel, ImagePatchCost, cost_unit, evaluate_cost
 from mdata.errors import PlanError
 
 TOKENS = np.array([0, 1, 1024, 16384], dtype=np.int32)
@@ -110,3 +110,17 @@ def test_evaluate_cost_names_a_faulty_plugin_and_sample():
 def test_invalid_coefficients(factory, message):
     with pytest.raises(PlanError, match=message):
         factory()
+
+
+def test_cost_unit_is_gpu_ms_only_for_a_model_that_says_it_is_calibrated():
+    """The dashboard labels costs with :func:`cost_unit`: the built-in models only fix ratios."""
+    assert cost_unit(AttentionCost()) == "relative cost"
+    assert cost_unit(CombinedCost(AttentionCost(), ImagePatchCost())) == "relative cost"
+
+    def fitted(num_tokens, num_patches):
+        return 1e-6 * np.asarray(num_tokens, dtype=np.float64) ** 2
+
+    fitted.unit = "GPU-ms"  # fitted to measured step times
+    assert cost_unit(fitted) == "GPU-ms"
+    assert cost_unit(CombinedCost(fitted, fitted)) == "GPU-ms"
+    assert cost_unit(CombinedCost(fitted, AttentionCost())) == "relative cost"  # mixed: no unit

@@ -67,11 +67,14 @@ def test_a_terminal_gets_its_lines_rewritten_and_a_log_only_what_changed():
 
 
 def test_cluster_up_prints_where_to_attach_and_where_to_look_first():
-    assert dashboard_lines("tcp://10.0.0.1:8786", "http://10.0.0.1:8787/status") == [
-        "scheduler: tcp://10.0.0.1:8786",
-        "dashboard: http://10.0.0.1:8787/status",
-        "mdata pages: http://10.0.0.1:8787/individual-mdata-sources "
-        "(and -mixture, -balance, -trainers, -lineage)"]
+    lines = dashboard_lines("tcp://10.0.0.1:8786", "http://10.0.0.1:8787/status")
+    assert lines[:2] == ["scheduler: tcp://10.0.0.1:8786", "dashboard: http://10.0.0.1:8787/status"]
+    # then every mdata page by its full URL, one line each (tests/unit/test_dashboard_pages.py)
+    assert [line.split(": ", 1)[0] for line in lines[2:]] == [
+        "mdata sources", "mdata mixture", "mdata balance", "mdata trainers", "mdata waiting",
+        "mdata lineage"]
+    assert lines[6] == ("mdata waiting: http://10.0.0.1:8787/individual-mdata-waiting  "
+                        "(is training waiting on data, on which rank, on which source?)")
     assert dashboard_lines("tcp://h:1", None) == ["scheduler: tcp://h:1"]
 
 

@@ -107,14 +107,17 @@ MESSAGES = [
     m.BatchLocationReply(m.Status.FAILED, reason="building step 5 failed: bug"),
     m.HostLocationRequest(job="pretrain", step=5, timeout=2.0, asks=(
         m.LocationAsk(rank=3, token="t0k", generation=1),
-        m.LocationAsk(rank=4, token="t1k", generation=1, delivered=4, consumed=(3, 4), stalled_s=0.5))),
+        m.LocationAsk(rank=4, token="t1k", generation=1, delivered=4, consumed=(3, 4), stalled_s=0.5),
+        m.LocationAsk(rank=5, token="t2k", generation=1, consumed=(3,), stalled_s=0.5, waits=(0.5,)))),
     m.HostLocationReply((m.BatchLocationReply(m.Status.OK, location()), m.BatchLocationReply(m.Status.TIMEOUT),
                          m.BatchLocationReply(m.Status.OK, location()),
                          m.BatchLocationReply(m.Status.FAILED, reason="rank 9 is taken"))),
     m.HostLocationReply(()),
     m.ConsumedRequest(job="pretrain", tells=(
         m.ConsumedTell(rank=3, steps=(4, 5), token="t0k", generation=1, stalled_s=0.25),
-        m.ConsumedTell(rank=4, steps=(5,), token="t1k", generation=1))),
+        m.ConsumedTell(rank=4, steps=(5,), token="t1k", generation=1),
+        m.ConsumedTell(rank=5, steps=(5, 6), token="t2k", generation=1, stalled_s=1.0,
+                       waits=(0.75, -1.0)))),
     m.ConsumedReply((None, None)),
     m.AckRequest(job="pretrain", rank=3, step=5),
     m.AckRequest(job="pretrain", rank=3, step=5, consumed=False, token="t0k", generation=2),
@@ -200,6 +203,27 @@ def test_a_host_reply_carries_the_steps_checkpoint_once():
     back = m.HostLocationReply.from_msg(through_msgpack(raw))
     assert [a.status for a in back.answers] == [m.Status.OK, m.Status.TIMEOUT, m.Status.OK]
     assert back.answers[2].location.checkpoint == checkpoint().to_dict()
+
+
+def test_consumption_told_by_a_loader_that_predates_waits_still_reads():
+    """Loaders older than the per-step ``waits`` send none: the scheduler reads their tells with
+    no waits; a new Loader sends ``waits`` only beside steps, one per step, and a mismatch says so."""
+    old_tell = {"rank": 3, "steps": [4, 5], "token": "t0k", "generation": 1, "stalled_s": 0.25}
+    assert m.ConsumedTell.from_msg(through_msgpack(old_tell)).waits == ()
+    old_ask = {"rank": 4, "token": "t1k", "generation": 1, "delivered": 4, "consumed": [3, 4],
+               "stalled_s": 0.5}
+    assert m.LocationAsk.from_msg(through_msgpack(old_ask)) == m.LocationAsk(
+        rank=4, token="t1k", generation=1, delivered=4, consumed=(3, 4), stalled_s=0.5)
+    old_request = {"job": "j", "rank": 3, "step": 7, "timeout": 2.0, "token": "", "generation": 0,
+                   "delivered": None, "consumed": [5], "stalled_s": 1.5}
+    assert m.BatchLocationRequest.from_msg(old_request).waits == ()
+    # a tell without waits writes the message an old scheduler reads (no new field)
+    assert "waits" not in m.ConsumedTell(rank=3, steps=(4,), stalled_s=0.1).to_msg()
+    assert "waits" not in m.LocationAsk(rank=3, consumed=(4,), stalled_s=0.1).to_msg()
+    with pytest.raises(MessageError, match=r"ConsumedTell.*'waits' has 1 values for the 2 steps"):
+        m.ConsumedTell.from_msg({**old_tell, "waits": [0.5]})
+    with pytest.raises(MessageError, match=r"LocationAsk.*'waits' has 2 values for the 1 steps"):
+        m.LocationAsk.from_msg({**old_ask, "consumed": [3], "waits": [0.1, 0.2]})
 
 
 def test_a_consumed_reply_carries_each_tells_error_typed():
