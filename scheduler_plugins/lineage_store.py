@@ -253,13 +253,18 @@ class LineageStore:
                 return
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Wait until every range handed over so far is written; False on timeout."""
+        """Wait until every range handed over so far is written and the writer is idle (the
+        retention that follows a write has deleted what it expires); False on timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while not all(r.written for r in self.ranges()):
+        while not (all(r.written for r in self.ranges()) and self._idle()):
             if deadline is not None and time.monotonic() > deadline:
                 return False
             time.sleep(0.01)
         return True
+
+    def _idle(self) -> bool:
+        with self._cond:
+            return self._busy is None and not self._queue
 
     def close(self, timeout: float = 30.0) -> None:
         """Stop the writer (after what is queued, unless storage keeps failing) and delete a
