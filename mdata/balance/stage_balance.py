@@ -27,6 +27,7 @@ import numpy as np
 
 from mdata.balance.assignment import StepAssignment, assemble
 from mdata.balance.inputs import validate_step
+from mdata.balance.stage_lpt import lpt_by_stage
 from mdata.balance.stages import order_by_stage, stage_lower_bound, stage_makespan, stage_times
 from mdata.balance.step import balance_step
 from mdata.errors import PlanError
@@ -36,7 +37,7 @@ __all__ = ["StageAssignment", "balance_step_by_stage"]
 #: How many of the fastest ranks the refinement tries against the slowest one per round.
 _PARTNERS = 4
 #: How many screened moves and swaps are checked on the exact makespan per round.
-_CHECKED = 16
+_CHECKED = 64
 
 
 @dataclass(frozen=True, eq=False)
@@ -101,10 +102,17 @@ def balance_step_by_stage(num_tokens: np.ndarray, stage_costs: np.ndarray, *, dp
     if p > 1 and sc.size:
         bottleneck = sc[:, int(np.argmax(sc.sum(axis=0)))]
         candidates += [balance_step(num_tokens, bottleneck, stages=s, **common) for s in (1, p)]
+    placements = [(np.asarray(c.rank, np.int64), np.asarray(c.micro_batch, np.int64))
+                  for c in candidates if c.num_micro_batches == m]  # same schedule length
+    if p > 1 and sc.size:
+        rng = np.random.default_rng(seed)
+        greedy = lpt_by_stage(np.lexsort((rng.permutation(tokens.size), -tokens, -totals)).tolist(),
+                              tokens, sc, dp, m, max_tokens)
+        if greedy is not None:
+            placements.append(greedy)
     identity = np.tile(np.arange(m), (dp, 1))
     best = None
-    for k, cand in enumerate(candidates):
-        rank, mb = np.asarray(cand.rank, np.int64), np.asarray(cand.micro_batch, np.int64)
+    for k, (rank, mb) in enumerate(placements):
         order, spans = _ordered(stage_times(sc, rank, mb, dp, m), identity)
         if k == 0:
             scalar_span = float(spans.max()) if spans.size else 0.0
