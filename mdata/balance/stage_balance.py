@@ -6,8 +6,9 @@ sample's cost on every stage (:meth:`~mdata.module_cost.ModuleCost.stage_costs`)
 minimises the slowest DP rank's 1F1B makespan (:func:`~mdata.balance.stages.stage_makespan`):
 
 1. **Candidates.** The scalar balancer on the totals (exactly what a plan without module costs
-   gets), and the scalar balancer on the step's bottleneck stage alone (the stage with the most
-   cost over the step: stage 0 for an image-heavy step), flat and pipeline-aware. Each rank's
+   gets); the scalar balancer on the step's bottleneck stage alone (the stage with the most
+   cost over the step: stage 0 for an image-heavy step); and a greedy on each rank's estimated
+   per-stage makespan (:func:`~mdata.balance.stage_lpt.lpt_by_stage`). Each rank's
    micro-batches are ordered by insertion on the per-stage makespan (or kept in the scalar
    balancer's order where that is faster), and the candidate with the fastest slowest rank wins.
 2. **Refinement.** Against the slowest rank, moves and swaps with the fastest few ranks,
@@ -101,7 +102,7 @@ def balance_step_by_stage(num_tokens: np.ndarray, stage_costs: np.ndarray, *, dp
     candidates = [scalar]
     if p > 1 and sc.size:
         bottleneck = sc[:, int(np.argmax(sc.sum(axis=0)))]
-        candidates += [balance_step(num_tokens, bottleneck, stages=s, **common) for s in (1, p)]
+        candidates.append(balance_step(num_tokens, bottleneck, stages=p, **common))
     placements = [(np.asarray(c.rank, np.int64), np.asarray(c.micro_batch, np.int64))
                   for c in candidates if c.num_micro_batches == m]  # same schedule length
     if p > 1 and sc.size:

@@ -22,11 +22,6 @@ import numpy as np
 __all__ = ["lpt_by_stage"]
 
 
-def _load(busy: list[float], rows: list[list[float]]) -> float:
-    b = max(range(len(busy)), key=busy.__getitem__)
-    return busy[b] + max(sum(row) - row[b] for row in rows)
-
-
 def lpt_by_stage(order: list[int], tokens: np.ndarray, stage_costs: np.ndarray, dp: int, m: int,
                  cap: int) -> tuple[np.ndarray, np.ndarray] | None:
     """``(rank, micro_batch)`` per sample, or None when some sample finds no room."""
@@ -36,6 +31,9 @@ def lpt_by_stage(order: list[int], tokens: np.ndarray, stage_costs: np.ndarray, 
     busy = [[0.0] * p for _ in range(dp)]
     rows = [[[0.0] * p for _ in range(m)] for _ in range(dp)]
     used = [[0] * m for _ in range(dp)]
+    totals = [[0.0] * m for _ in range(dp)]  # each micro-batch's total over the stages
+    bottleneck = [0] * dp  # each rank's busiest stage so far
+    excess = [0.0] * dp  # max over its micro-batches of (total - time on that stage)
     rank, mb = [0] * len(tok), [0] * len(tok)
     heap = [(0.0, r) for r in range(dp)]
     parked: list[tuple[float, int]] = []
@@ -51,14 +49,25 @@ def lpt_by_stage(order: list[int], tokens: np.ndarray, stage_costs: np.ndarray, 
         for item in parked:
             heapq.heappush(heap, item)
         parked.clear()
-        bz = busy[r]
-        b = max(range(p), key=bz.__getitem__)
-        k = min((j for j in range(m) if used[r][j] + t <= cap), key=lambda j: rows[r][j][b])
-        row = rows[r][k]
+        bz, rr, ur, tr = busy[r], rows[r], used[r], totals[r]
+        b = bottleneck[r]
+        limit = cap - t
+        k, least = -1, float("inf")
+        for j in range(m):
+            if ur[j] <= limit and rr[j][b] < least:
+                k, least = j, rr[j][b]
+        row = rr[k]
         for s in range(p):
             row[s] += c[s]
             bz[s] += c[s]
-        used[r][k] += t
+        ur[k] += t
+        tr[k] += sum(c)
         rank[i], mb[i] = r, k
-        heapq.heappush(heap, (_load(bz, rows[r]), r))
+        nb = max(range(p), key=bz.__getitem__)
+        if nb != b:  # the busiest stage moved: every micro-batch's excess changes
+            bottleneck[r] = nb
+            excess[r] = max(x - y[nb] for x, y in zip(tr, rr))
+        else:  # only micro-batch k's excess grew
+            excess[r] = max(excess[r], tr[k] - row[b])
+        heapq.heappush(heap, (bz[nb] + excess[r], r))
     return np.asarray(rank, dtype=np.int64), np.asarray(mb, dtype=np.int64)
