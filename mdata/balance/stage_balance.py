@@ -12,7 +12,7 @@ minimises the slowest DP rank's 1F1B makespan (:func:`~mdata.balance.stages.stag
    micro-batches are ordered by insertion on the per-stage makespan (or kept in the scalar
    balancer's order where that is faster), and the candidate with the fastest slowest rank wins.
 2. **Refinement.** Against the slowest rank, moves and swaps with the fastest few ranks,
-   screened on the busiest stage's load (all pairs at once) and confirmed on the exact makespan
+   screened on each rank's busiest stage (all pairs at once) and confirmed on the exact makespan
    of both ranks; one is applied while it lowers the larger of the two.
 
 The scalar candidate is one of the candidates, so the result is never slower under the stage
@@ -160,23 +160,26 @@ def _refine(sc: np.ndarray, tokens: np.ndarray, rank: np.ndarray, mb: np.ndarray
                 to = np.argmin(bin_cost, axis=1)
                 est = np.maximum((load1 - sx).max(axis=1), (load2 + sx).max(axis=1))
                 est[~fits.any(axis=1) | (count[r1, bx] < 2)] = np.inf
-                for j in np.argsort(est, kind="stable")[:_CHECKED].tolist():
+                top = np.argpartition(est, _CHECKED)[:_CHECKED] if est.size > _CHECKED else np.arange(est.size)
+                for j in top[np.argsort(est[top], kind="stable")].tolist():
                     if np.isfinite(est[j]):
                         screened.append((float(est[j]), r2, int(x[j]), -1 - int(to[j])))
             y = np.flatnonzero(rank == r2)
             if y.size == 0:
                 continue
             sy, ty, by = sc[y], tokens[y], mb[y]
-            delta = sx[:, None, :] - sy[None, :, :]
-            est = np.maximum((load1 - delta).max(axis=2), (load2 + delta).max(axis=2))
+            # screened on each rank's busiest stage only (pairs x stages would be n^2 p)
+            b1, b2 = int(np.argmax(load1)), int(np.argmax(load2))
+            est = np.maximum(load1[b1] - sx[:, b1, None] + sy[None, :, b1],
+                             load2[b2] + sx[:, b2, None] - sy[None, :, b2])
             grow = ty[None, :] - tx[:, None]
             ok = (grow <= (cap - toks[r1, bx])[:, None]) & (-grow <= (cap - toks[r2, by])[None, :])
-            est = np.where(ok, est, np.inf)
-            flat = np.argsort(est, axis=None, kind="stable")[:_CHECKED]
-            for f in flat.tolist():
+            est = np.where(ok, est, np.inf).ravel()
+            flat = np.argpartition(est, _CHECKED)[:_CHECKED] if est.size > _CHECKED else np.arange(est.size)
+            for f in flat[np.argsort(est[flat], kind="stable")].tolist():
                 a, b = divmod(f, y.size)
-                if np.isfinite(est[a, b]):
-                    screened.append((float(est[a, b]), r2, int(x[a]), int(y[b])))
+                if np.isfinite(est[f]):
+                    screened.append((float(est[f]), r2, int(x[a]), int(y[b])))
         if not screened:
             break
         screened.sort(key=lambda c: c[0])
