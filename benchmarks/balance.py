@@ -23,6 +23,9 @@ Two baselines, both "every rank packs on its own, no global view":
   balances the union of those same documents into the same number of micro-batches. Tokens per
   rank are then nearly equal on both sides and only the cost (quadratic attention) differs: the
   conservative figure.
+
+``balance.stage_aware_gain_pp4`` / ``_pp8``: balancing by stage with module costs against one
+summed cost, on vision-language steps (``benchmarks/balance_stages.py``).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import time
 
 import numpy as np
 
+from benchmarks.balance_stages import stage_figures
 from benchmarks.harness import figure
 from mdata.balance import balance_step, greedy_pack_baseline, lower_bound, pigeonhole_lower_bound
 from mdata.cost import AttentionCost
@@ -211,4 +215,5 @@ def run(quick: bool, lengths: dict[str, np.ndarray] | None = None) -> dict[str, 
             base / ours, goal="> 1",
             note=f"cost l^2 only (attention-bound worst case); dp={HEADLINE_DP}; {label}",
         )
+    figures.update(stage_figures(quick))  # module costs at PP 4 / 8 (benchmarks/balance_stages.py)
     return figures

@@ -35,7 +35,7 @@ import numpy as np
 from benchmarks.baseline import IMAGE_TOKEN_ID, MixingPackingDataset, make_loader
 from benchmarks.e2e_data import E2E_DIR, WEIGHTS, e2e_metadata, e2e_sources, loader_cost_per_sample
 from benchmarks.e2e_model import GPU, MODELS, Node, VLM, planner_cost, one_f_one_b, stage_seconds
-from benchmarks.e2e_sim import Setup, mean_tokens, ratio_breakdown, simulate_both
+from benchmarks.e2e_sim import Setup, mean_tokens, ratio_breakdown, simulate_both, stage_aware_seconds
 from benchmarks.harness import figure
 
 __all__ = ["ProcessRun", "run", "run_processes"]
@@ -341,6 +341,14 @@ def run(quick: bool) -> dict[str, object]:
                   f"flops/token {r['flops_per_token']:.3f}"))
         for part in ("balance", "bubbles", "data_stalls", "flops_per_token"):
             figures[f"e2e.sim_breakdown_{gpus}.{part}"] = r[part]
+    for pp in (4, 8):  # module costs: the Planner balances every pipeline stage
+        s = replace(default, pp=pp)
+        by_stage, scalar = stage_aware_seconds(s, meta, cost, steps)
+        figures[f"e2e.stage_aware_gain_pp{pp}"] = figure(
+            by_stage, scalar, unit="s", goal="> 1 (ratio)",
+            note=(f"sim at {s.gpus} GPUs, dp {s.dp} x tp {s.tp} x pp {pp} x cp {s.cp}, "
+                  f"{steps} steps: summed step seconds, ModuleCost (balance by stage) vs "
+                  "CombinedCost (scalar, pipeline-aware)"))
     for name, ratio in _sweep(default, meta, cost, 1 if quick else 2, quick).items():
         figures[f"e2e.sensitivity.{name}"] = figure(ratio, note="sim ratio at 1,024 GPUs, one change")
     for name, c in cost.items():

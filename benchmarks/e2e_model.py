@@ -68,21 +68,24 @@ MODELS: dict[str, VLM] = {
 }
 
 
-def planner_cost(model: VLM):
+def planner_cost(model: VLM, *, by_stage: bool = False):
     """The Planner's cost model for ``model``, in GFLOP, from mdata's built-in models.
 
     The language model's term is exact (``AttentionCost`` with ``a = 6 L h``, ``b = 6 N``). The
     vision encoder's ``ImagePatchCost`` is linear, every patch attending over a full window:
     exact for samples of at least ``vit_window`` patches, an over-estimate below (the captions).
     The scheduler imports only mdata's cost models, so this is what a user would configure.
+    ``by_stage``: the same two models as a :class:`~mdata.module_cost.ModuleCost` (the encoder on
+    stage 0, the language model over all stages, as :func:`stage_seconds` places them), so the
+    Planner balances every pipeline stage; otherwise their sum (:class:`~mdata.cost.CombinedCost`).
     """
     from mdata.cost import AttentionCost, CombinedCost, ImagePatchCost
+    from mdata.module_cost import ModuleCost
 
-    return CombinedCost(
-        AttentionCost(a=6.0 * model.llm_layers * model.llm_hidden / 1e9, b=6.0 * model.llm_params / 1e9),
-        ImagePatchCost(per_patch=(6.0 * model.vit_params
-                                  + 12.0 * model.vit_layers * model.vit_hidden * model.vit_window) / 1e9),
-    )
+    llm = AttentionCost(a=6.0 * model.llm_layers * model.llm_hidden / 1e9, b=6.0 * model.llm_params / 1e9)
+    vision = ImagePatchCost(per_patch=(6.0 * model.vit_params
+                                       + 12.0 * model.vit_layers * model.vit_hidden * model.vit_window) / 1e9)
+    return ModuleCost({"llm": llm, "vision": vision}) if by_stage else CombinedCost(llm, vision)
 
 
 @dataclass(frozen=True)

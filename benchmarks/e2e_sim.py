@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -36,7 +36,7 @@ from mdata.planner.events import BatchConsumed, ChunkLoaded, Tick
 from mdata.planner.instructions import ConstructBatch, JobFailed, LoadChunk, StepReady
 from mdata.planner.state import PlannerState
 
-__all__ = ["Setup", "mean_tokens", "ratio_breakdown", "simulate_both"]
+__all__ = ["Setup", "mean_tokens", "ratio_breakdown", "simulate_both", "stage_aware_seconds"]
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,7 @@ class Setup:
     tokens_per_step: int = 16 << 20  # 16M tokens per global step (Llama 3's batch)
     weights: Mapping[str, float] = field(default_factory=dict)
     seed: int = 0
+    by_stage: bool = False  # the Planner's cost model as modules: it balances every stage
 
     @property
     def dp(self) -> int:
@@ -69,7 +70,7 @@ def _mdata_steps(setup: Setup, meta: dict[str, SourceMetadata], steps: int):
     names = tuple(meta)
     per_sample = mean_tokens(setup, meta)
     global_batch = max(setup.dp, int(round(setup.tokens_per_step / per_sample)))
-    plan = (Plan(list(names)).mix(dict(setup.weights)).cost(planner_cost(setup.model))
+    plan = (Plan(list(names)).mix(dict(setup.weights)).cost(planner_cost(setup.model, by_stage=setup.by_stage))
             .balance(micro_batches=setup.micro_batches, max_tokens=setup.max_tokens,
                      global_batch=global_batch)
             .distribute(ClientPlaceTree(dp=setup.dp, pp=setup.pp, cp=setup.cp, tp=setup.tp))
@@ -197,3 +198,12 @@ def simulate_both(setup: Setup, meta: dict[str, SourceMetadata], loader_cost: Ma
     base = _system(setup, _baseline_steps(setup, meta, steps), cost, baseline=True)
     return {"mdata": ours, "baseline": base, "ratio": ratio_breakdown(ours, base)}
 
+
+
+def stage_aware_seconds(setup: Setup, meta: dict[str, SourceMetadata],
+                        loader_cost: Mapping[str, float], steps: int) -> tuple[float, float]:
+    """mdata's summed step seconds with the cost model as modules (balanced by stage) and as
+    one summed cost (scalar, pipeline-aware): the same samples, the same trainer."""
+    cost = np.array([loader_cost[n] for n in meta], dtype=np.float64)
+    return tuple(_system(setup, _mdata_steps(replace(setup, by_stage=by), meta, steps), cost,
+                         baseline=False)["step"] for by in (True, False))

@@ -10,6 +10,12 @@ A cost model is any callable ``(num_tokens, num_patches) -> float64 array`` of t
 plugin point: users can pass their own function). The classes here are frozen, picklable values with
 a ``name`` and ``describe()`` so a Plan can show them in Jupyter. :func:`evaluate_cost` calls any
 model and checks its output, so a faulty plugin fails with a message that names it.
+
+Each built-in model also names the *module* of the network its cost is spent in (``module``:
+``"llm"`` for :class:`AttentionCost`, ``"vision"`` for :class:`ImagePatchCost` and
+:class:`VideoCost`): with pipeline parallelism the vision encoder runs on the first stage only,
+so :class:`~mdata.module_cost.ModuleCost` keeps the modules' costs apart and says which stages
+each runs on, and the balancer balances every stage (docs/concepts.md, "Balancing by module").
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ __all__ = [
     "CombinedCost",
     "CostModel",
     "ImagePatchCost",
+    "VideoCost",
     "cost_unit",
     "evaluate_cost",
 ]
@@ -141,6 +148,11 @@ class AttentionCost:
     def name(self) -> str:
         return "attention"
 
+    @property
+    def module(self) -> str:
+        """The network module this cost is spent in: the language model's layers."""
+        return "llm"
+
     def describe(self) -> str:
         """The formula with its coefficients, as plan reports print it."""
         return f"attention cost {self.a:g}*l^2 + {self.b:g}*l per document (l = tokens)"
@@ -171,6 +183,11 @@ class ImagePatchCost:
     def name(self) -> str:
         return "image_patches"
 
+    @property
+    def module(self) -> str:
+        """The network module this cost is spent in: the vision encoder."""
+        return "vision"
+
     def describe(self) -> str:
         """The formula with its coefficients, as plan reports print it."""
         return f"image patch cost {self.per_patch:g}*p + {self.per_patch_sq:g}*p^2 (p = patches)"
@@ -178,6 +195,58 @@ class ImagePatchCost:
     def __call__(self, num_tokens: np.ndarray, num_patches: np.ndarray) -> np.ndarray:
         patches = _as_float(num_patches)
         return self.per_patch * patches + self.per_patch_sq * patches * patches
+
+
+@dataclass(frozen=True)
+class VideoCost:
+    """Vision-encoder cost of a video sample's ``p`` patches, in frames of ``frame_patches``.
+
+    A video encoder with divided space-time attention (TimeSformer, and the factorised encoders
+    of video VLMs) lets each patch attend to the patches of its own frame and to the patches at
+    its position in the other frames, so one sample costs
+    ``per_patch*p + per_pair*p*(min(p, frame_patches) + frames)`` with
+    ``frames = ceil(p / frame_patches)``; ``temporal=False`` drops the second term (frames encoded
+    one by one, as image encoders do). Samples with no patches cost nothing. The unit is that of
+    the other models of the plan (see :class:`ImagePatchCost`).
+    """
+
+    per_patch: float = 1.0
+    per_pair: float = 0.0
+    frame_patches: int = 256
+    temporal: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("per_patch", "per_pair"):
+            object.__setattr__(self, name, _check_coefficient("VideoCost", name, getattr(self, name)))
+        frame = self.frame_patches
+        if isinstance(frame, bool) or not isinstance(frame, (int, np.integer)) or frame < 1:
+            raise PlanError(f"VideoCost: frame_patches must be an int >= 1, got {frame!r}")
+        object.__setattr__(self, "frame_patches", int(frame))
+        if not isinstance(self.temporal, (bool, np.bool_)):
+            raise PlanError(f"VideoCost: temporal must be True or False, got {self.temporal!r}")
+        object.__setattr__(self, "temporal", bool(self.temporal))
+
+    @property
+    def name(self) -> str:
+        return "video"
+
+    @property
+    def module(self) -> str:
+        """The network module this cost is spent in: the vision encoder."""
+        return "vision"
+
+    def describe(self) -> str:
+        """The formula with its coefficients, as plan reports print it."""
+        frames = " + ceil(p/f)" if self.temporal else ""
+        return (f"video cost {self.per_patch:g}*p + {self.per_pair:g}*p*(min(p, f){frames}) "
+                f"(p = patches, f = {self.frame_patches} patches per frame)")
+
+    def __call__(self, num_tokens: np.ndarray, num_patches: np.ndarray) -> np.ndarray:
+        patches = _as_float(num_patches)
+        pairs = np.minimum(patches, float(self.frame_patches))
+        if self.temporal:
+            pairs = pairs + np.ceil(patches / self.frame_patches)
+        return self.per_patch * patches + self.per_pair * patches * pairs
 
 
 @dataclass(frozen=True, init=False)

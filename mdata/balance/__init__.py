@@ -42,6 +42,12 @@ HTML view), :mod:`~mdata.balance.bounds` (lower bounds on the makespan),
 :mod:`~mdata.balance.pipeline` (:func:`one_f_one_b_makespan`, a rank's step under ``pp`` stages)
 and :mod:`~mdata.balance.oracle` (:func:`brute_force_min_makespan`, the exact optimum of tiny
 instances, for tests).
+
+**Balancing by stage.** When a sample's cost differs from stage to stage (a vision encoder on
+the first pipeline stage: :class:`~mdata.module_cost.ModuleCost`), :func:`balance_step_by_stage`
+(:mod:`~mdata.balance.stage_balance`) minimises the slowest rank's 1F1B makespan over per-stage
+times (:mod:`~mdata.balance.stages`), starting from the scalar balancer's result and a greedy
+by stage (:mod:`~mdata.balance.stage_lpt`); the scalar path above is unchanged.
 """
 
 from __future__ import annotations
@@ -52,11 +58,15 @@ from mdata.balance.bounds import lower_bound, pigeonhole_lower_bound
 from mdata.balance.cp import causal_attention_work, cp_zigzag_slices
 from mdata.balance.oracle import brute_force_min_makespan
 from mdata.balance.pipeline import one_f_one_b_makespan
+from mdata.balance.stage_balance import StageAssignment, balance_step_by_stage
+from mdata.balance.stages import stage_lower_bound, stage_makespan
 from mdata.balance.step import balance_step
 
 __all__ = [
+    "StageAssignment",
     "StepAssignment",
     "balance_step",
+    "balance_step_by_stage",
     "brute_force_min_makespan",
     "causal_attention_work",
     "cp_zigzag_slices",
@@ -64,4 +74,6 @@ __all__ = [
     "pigeonhole_lower_bound",
     "lower_bound",
     "one_f_one_b_makespan",
+    "stage_lower_bound",
+    "stage_makespan",
 ]

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from mdata.balance import balance_step
+from mdata.balance import balance_step, balance_step_by_stage
 from mdata.cost import evaluate_cost
 from mdata.lineage import DGraph
 from mdata.order import ChunkRef
@@ -38,6 +38,11 @@ class StepAssigner:
         self.seed = plan.seed_value
         self.pad = 2 * mesh.cp if mesh.cp > 1 else 1  # context parallelism splits in 2*cp pieces
         self.stages = mesh.pp  # each DP rank runs its micro-batches through a pp-stage pipeline
+        # a module-aware cost model (mdata.module_cost) with pp > 1: balance every stage; its
+        # placement is checked against pp here, so a wrong layer split fails at registration
+        self.by_stage = self.stages > 1 and callable(getattr(self.cost_model, "stage_costs", None))
+        if self.by_stage:
+            self.cost_model.stage_fractions(self.stages)
 
     def assign(self, step: int, weights: np.ndarray, sel: Selection,
                refs_of: Callable[[list[int]], list[ChunkRef]], lineage: DGraph | None,
@@ -51,10 +56,17 @@ class StepAssigner:
         src, shard, row, chunk, cursor, keys, index, tokens, patches, _, skipped = sel
         trunc = np.minimum(tokens, self.max_tokens).astype(np.int32)
         n_trunc = int((tokens > self.max_tokens).sum())
-        costs = evaluate_cost(self.cost_model, trunc, patches)
-        a = balance_step(trunc, costs, dp=self.dp, micro_batches=self.micro_batches,
-                         max_tokens=self.max_tokens, seed=(self.seed * 1_000_003 + step) % 2**32,
-                         pad_multiple=self.pad, stages=self.stages)
+        seed = (self.seed * 1_000_003 + step) % 2**32
+        if self.by_stage:
+            a = balance_step_by_stage(
+                trunc, self.cost_model.stage_costs(trunc, patches, self.stages), dp=self.dp,
+                micro_batches=self.micro_batches, max_tokens=self.max_tokens, seed=seed,
+                pad_multiple=self.pad).assignment
+        else:
+            costs = evaluate_cost(self.cost_model, trunc, patches)
+            a = balance_step(trunc, costs, dp=self.dp, micro_batches=self.micro_batches,
+                             max_tokens=self.max_tokens, seed=seed, pad_multiple=self.pad,
+                             stages=self.stages)
         if lineage is not None:
             ids = lineage.record_step(
                 step, source_index=src, shard=shard, row=row, chunk_id=chunk, cursor=cursor,

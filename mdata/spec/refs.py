@@ -37,6 +37,7 @@ __all__ = ["BUILTIN_REFERENCES", "Trust", "check_plain", "encode", "import_path"
 #: What the scheduler resolves without any configuration: mdata's own cost models.
 BUILTIN_REFERENCES = frozenset({
     "mdata.cost:AttentionCost", "mdata.cost:ImagePatchCost", "mdata.cost:CombinedCost",
+    "mdata.cost:VideoCost", "mdata.module_cost:ModuleCost",
 })
 
 _PLAIN = (str, int, float, bool, type(None))

@@ -21,11 +21,12 @@ import pytest       # otherwise leaving the set would delete the whole 'distribu
 
 import mdata.config  # noqa: F401  the same for mdata's (mdata.workers.trusted-modules below)
 
-from mdata.cost import AttentionCost
+from mdata.cost import AttentionCost, ImagePatchCost
 from mdata.data.example import example_sources
 from mdata.driver import PoolSpec, start_cluster, submit_job
 from mdata.errors import PlanError, UntrustedSourceError
 from mdata.mesh import ClientPlaceTree
+from mdata.module_cost import ModuleCost
 from mdata.plan import Plan
 from mdata.spec import SourceSpec
 from mdata.trainer import Loader
@@ -265,3 +266,31 @@ def test_every_handler_refuses_arguments_out_of_range(cluster):
     # the job still runs after all that
     assert call(s.mdata_job_info, job="ranges")["world_size"] == 2
     call(s.mdata_close_job, job="ranges", client=client.id)
+
+
+def test_module_costs_cross_as_data_and_the_scheduler_balances_by_stage(cluster):
+    """A ModuleCost is one of the scheduler's built-ins: a pipelined job with one is registered
+    from its spec and balanced by stage; a layer split that does not fit the mesh is refused at
+    registration, naming both."""
+    client = cluster["client"]
+    cost = ModuleCost({"llm": AttentionCost(a=1.0, b=2048.0), "vision": ImagePatchCost()},
+                      layer_split=[3, 5])
+    plan = (Plan(cluster["sources"]).mix({"chat": 1.0, "code": 1.0}).cost(cost)
+            .balance(micro_batches=2, max_tokens=2048, global_batch=8)
+            .distribute(ClientPlaceTree(dp=2, pp=2)).seed(3))
+    spec = plan.to_spec()
+    submit_job(client, Plan.from_spec(spec, build_sources=False), job="by-stage")  # as data
+
+    def by_stage(dask_scheduler):  # how the job's Planner balances, read on the scheduler
+        assigner = dask_scheduler.extensions["mdata"].jobs["by-stage"].state.assigner
+        return type(assigner.cost_model).__name__, assigner.by_stage
+
+    assert client.run_on_scheduler(by_stage) == ("ModuleCost", True)
+    batches = run_loaders(client, job="by-stage", world_size=4, steps=2)
+    assert sorted(batches) == [0, 1, 2, 3]
+    assert all([b["step"] for b in batches[r]] == [0, 1] for r in batches)
+    client.sync(client.scheduler.mdata_close_job, job="by-stage", client=client.id)
+    bad = {**spec, "cost": {**spec["cost"], "args": {**spec["cost"]["args"], "layer_split": [1, 1, 1]}}}
+    with pytest.raises(PlanError, match=r"layer_split has 3 entries but the mesh has pp=2"):
+        client.sync(client.scheduler.mdata_register_job, job="bad-split", plan=bad, checkpoint=None)
+    assert "bad-split" not in client.sync(client.scheduler.mdata_jobs)
