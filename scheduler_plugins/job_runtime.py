@@ -42,6 +42,7 @@ from scheduler_plugins import rewind
 from scheduler_plugins.batch_locations import locate_many
 from scheduler_plugins.job_tasks import release_job_tasks_settled
 from scheduler_plugins.lineage_store import LineageStore
+from scheduler_plugins.location_push import LocationPusher
 from scheduler_plugins.planner_view import PlannerView
 from scheduler_plugins.recoveries import RecoveryTally
 from workers.constructor import construct_task
@@ -132,6 +133,9 @@ class JobRuntime:
         self.recoveries = RecoveryTally()  # what faults cost the job: the status's recoveries
         self._tasks: set[asyncio.Task] = set()
         self._closed = False
+        self.pusher = LocationPusher(self)  # built batches' locations, pushed to subscribed clients
+        self.location_requests = 0  # location requests served, and the rank asks they carried
+        self.location_asks = 0
         self._pending: list = []  # acknowledgements waiting for the Planner (see _handle_coalesced)
         self._pending_done: asyncio.Future | None = None
         from mdata import config
@@ -336,6 +340,8 @@ class JobRuntime:
             self.batch_errors[key] = (reason, exc if isinstance(exc, MdataError) else None)
             self._fail(reason, exc)
         self.batch_ready[key].set()
+        if not self.failed.is_set():
+            self.pusher.built(key)  # to the clients whose ranks will pull it
 
     def _release_chunk(self, ins: "ps.ReleaseChunk") -> None:
         fut = self.chunk_futures.pop(ins.chunk.key, None)
@@ -372,6 +378,7 @@ class JobRuntime:
         self.failed.set()
         for event in self.batch_ready.values():
             event.set()
+        self.pusher.reset()  # ranks waiting on a push ask, and hear the failure
 
     # -- queries -----------------------------------------------------------------------------------
     def who_has(self, key) -> list[str]:
@@ -431,6 +438,14 @@ class JobRuntime:
             self.stalled_seconds[rank] = stalled_s
         if not self._closed:
             self._enqueue([ev for step in steps for ev in self._consumption(rank, step, token)])
+
+    def pushed_waits(self, rank: int, steps, waited) -> None:
+        """How long ``rank``'s prefetcher waited for the pushed locations of ``steps`` (-1: it
+        long-polled, measured in ``locate_many``), counted as a long poll's wait is."""
+        for step, seconds in zip(steps, waited):
+            if seconds >= 0:
+                self.wait_seconds[rank] += seconds
+                self.trainer_meter.waited(rank, step, seconds)
 
     def _consumption(self, rank: int, step: int, token: str) -> list:
         """The events of ``rank`` consuming ``step``: its delivery first (consumption implies it),
@@ -508,6 +523,7 @@ class JobRuntime:
         if self._pending_done is not None and not self._pending_done.done():
             self._pending_done.set_result(None)  # acknowledgements of the old generation
         self._pending, self._pending_done = [], None
+        self.pusher.reset()  # the old generation's ranks ask, and hear of the rewind
         for fut in list(self.chunk_futures.values()) + list(self.batch_futures.values()):
             fut.release()
         self.chunk_futures.clear()
@@ -573,6 +589,7 @@ class JobRuntime:
 
     async def close(self) -> None:
         self._closed = True
+        self.pusher.reset()
         if self._pending_done is not None and not self._pending_done.done():
             self._pending_done.set_result(None)  # acknowledgements of a closed job: nothing to do
         for task in list(self._tasks):

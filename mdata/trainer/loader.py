@@ -12,8 +12,8 @@ What counts is consumption, not prefetch: a step is acknowledged as consumed whe
 loop asks for the next batch (or calls :meth:`Loader.mark_consumed`), never when the prefetch
 thread fetched it, so the Planner's "consumed" step is what trainers really trained on. Telling it
 costs the loop no round trip: the step is noted and travels with the next location request, or
-on its own a moment later (:mod:`mdata.trainer.consumption`) Loaders that share one Dask client send those
-requests together, one per step (:mod:`mdata.trainer.location_hub`).
+on its own a moment later (:mod:`mdata.trainer.consumption`). Loaders that share one Dask client ask
+together, and the scheduler then pushes them the later steps' locations (:mod:`mdata.trainer.location_hub`).
 
 Each Loader leases its rank (one rank, one Loader) and joins a *generation* of the job: a
 Loader that brings a checkpoint for a job that runs already rewinds the job to it, and every rank
@@ -142,6 +142,7 @@ class Loader:
         self.locate_seconds: deque[float] = deque(maxlen=4096)
         self._teller: ConsumptionTeller | None = None  # consumption, told off the loop (on attach)
         self._hub: LocationHub | None = None  # location requests, with this client's other ranks
+        self._pushed_waits: dict[int, float] = {}  # step -> wait for its pushed location, to tell
 
     @property
     def timeout(self) -> float:
@@ -250,9 +251,12 @@ class Loader:
         hub = self._hub
         if hub is None:  # closed meanwhile: the steps stay noted (close() flushed what it could)
             raise TrainerError("loader closed")
+        waits = self._pushed_waits  # told once: a failed tell's waits are not told again
+        waited = tuple(waits.pop(s, -1.0) for s in steps) if waits else ()
         with self._patience.scheduler.calls():  # a lost scheduler: say so, at once
             hub.tell(ConsumedTell(rank=self.rank, steps=tuple(steps), token=self._token,
-                                        generation=self._generation, stalled_s=self.wait_seconds))
+                                  generation=self._generation, stalled_s=self.wait_seconds,
+                                  waited=waited if any(w >= 0 for w in waited) else ()))
 
     def _prefetch_loop(self) -> None:
         from mdata.trainer.tensors import batch_to_torch
@@ -303,8 +307,8 @@ class Loader:
         cluster, so the Loader asks again where it is until its timeout. ``delivered``: the
         step received before, told to the Planner with the location request."""
         deadline = None  # counted from the first miss: the wait for the batch has its own
-        while True:
-            location = self._locate(step, delivered)
+        while True:  # a moved batch is asked for: the long poll has the scheduler rebuild it
+            location = self._locate(step, delivered, pushed=deadline is None)
             try:
                 return location, fetch_slice(self.client, location, self._delivery)
             except BatchMoved as exc:
@@ -317,12 +321,19 @@ class Loader:
                     ) from None
                 time.sleep(0.1)
 
-    def _locate(self, step: int, delivered: int | None = None) -> BatchLocation:
+    def _locate(self, step: int, delivered: int | None = None, pushed: bool = True) -> BatchLocation:
         wait = self._patience.begin()  # the timeout, stretched while storage is waited out
+        push = self._hub.pushes is not None
         while True:
             poll = self._patience.poll_s(wait, self.poll_interval)
             asked = time.monotonic()
-            consumed = self._teller.take() if self._teller is not None else ()
+            if push and pushed:  # pushed to this client: no round trip (none came: ask below)
+                location, waited = self._hub.pushed(step, self.rank, self._generation, poll, self._stop)
+                if location is not None:
+                    self.locate_seconds.append(waited)
+                    self._pushed_waits[step] = waited
+                    return location
+            consumed = self._teller.take() if self._teller is not None and not push else ()  # pushed: told alone
             try:
                 reply = self._hub.locate(step, poll, LocationAsk(
                     rank=self.rank, token=self._token, generation=self._generation,
@@ -387,7 +398,7 @@ class Loader:
             teller.close()
         hub, self._hub = getattr(self, "_hub", None), None
         if hub is not None:
-            release_hub(hub)
+            release_hub(hub, self.rank)
         if getattr(self, "info", None) is not None and getattr(self, "client", None) is not None:
             # end the lease now, so another Loader may take the rank over at once (in 2 s at most)
             detach_quietly(self.client, DetachRequest(job=self.job, rank=self.rank, token=self._token))
