@@ -17,7 +17,7 @@ its ranks ask again (and hear why).
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from mdata.wire.codec import (
@@ -75,13 +75,13 @@ class LocationPush(Message):
     job: str
     generation: int
     groups: tuple[PushedGroup, ...] = ()
-    checkpoints: Mapping[int, Mapping[str, Any]] | None = None
+    checkpoints: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
     reset: bool = False
 
     def to_msg(self) -> dict[str, Any]:
         return {"job": self.job, "generation": self.generation,
                 "groups": [g.to_msg() for g in self.groups],
-                "checkpoints": [[int(s), c] for s, c in (self.checkpoints or {}).items()],
+                "checkpoints": [[int(s), c] for s, c in self.checkpoints.items()],
                 "reset": self.reset}
 
     @classmethod
@@ -108,9 +108,8 @@ class LocationPush(Message):
     def locations(self) -> Iterator[tuple[int, int, BatchLocation]]:
         """``(step, rank, location)`` for every rank of every group, as a location request
         would have answered it."""
-        checkpoints = self.checkpoints or {}
         for g in self.groups:
-            checkpoint = checkpoints[g.step]
+            checkpoint = self.checkpoints[g.step]
             for rank, cp_rank, tokens, labels in g.ranks:
                 yield g.step, rank, BatchLocation(g.key, g.who_has, cp_rank, tokens, labels,
                                                   checkpoint)
