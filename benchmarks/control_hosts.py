@@ -7,7 +7,9 @@ long-poll where its batch is, pull its slice from the constructor, acknowledge c
 is no training compute: the ranks go as fast as the data path lets them, so what the scheduler
 spends per step is what the protocol costs it. As in training, where every step ends in a
 collective (the gradients' all-reduce), the ranks of a host wait for each other at the end of
-each step (a barrier; ranks of other hosts are not waited for).
+each step (a barrier; ranks of other hosts are not waited for), and each marks the step
+consumed once it is through (as a training loop's next call for a batch would: after the step's
+collective, so the ranks of a host note it within moments of each other).
 
 Each rank records, per step, when it took the batch (wall clock, so the parent can line the steps
 up with the scheduler's CPU samples), how long the training loop waited in the Loader for it, and
@@ -42,10 +44,12 @@ def _rank_loop(client, job: str, rank: int, world: int, steps: int, timeout: flo
                 hub = hub or loader._hub
                 waits.append(time.perf_counter() - began)
                 taken.append(time.time())
-                began = time.perf_counter()
-                loader.mark_consumed()  # the loop is done with the batch: what it costs the loop
-                acks.append(time.perf_counter() - began)
                 step_barrier.wait(timeout)  # the step's collective: ranks train in lockstep
+                began = time.perf_counter()
+                # the step is done once its collective is (as a training loop's next() says it):
+                # the host's ranks note consumption together; what it costs the loop
+                loader.mark_consumed()
+                acks.append(time.perf_counter() - began)
             out[rank] = {"taken": taken, "wait_s": waits, "ack_s": acks,
                          "locate_s": list(loader.locate_seconds),
                          "hub": None if hub is None else (hub.requests, hub.asks)}

@@ -361,3 +361,64 @@ def run(quick: bool) -> dict:
         figures[f"control.scheduler_cpu_ms_per_step_dp{p['n']}"] = figure(p["cpu_ms_per_step"], unit="ms",
                                                                          note="DP = N")
     return figures
+
+
+def push_vs_poll(ns: tuple[int, ...], dp: int, steps: int, repeats: int) -> dict:
+    """Pushed locations against long polls side by side, in one cluster: for each world size in
+    ``ns`` (DP ``dp``), ``repeats`` rounds of one push point and one poll point, interleaved so
+    that load on the machine hits both alike; per mode the median scheduler CPU per step and
+    messages per step, then the per-rank slopes and ``max_ranks_at_1_step_per_s`` of the medians
+    (per-group cost left out: the DP is fixed). Run ``python -m benchmarks.control_plane
+    --compare 64 256 --dp 16``; it prints the figures as JSON."""
+    from benchmarks.workload import corpus_dir
+    from mdata.data.example import example_sources
+
+    corpus = corpus_dir()
+    sources = example_sources(corpus)
+    log = Path(tempfile.mkdtemp(prefix="mdata-control-")) / "cluster.log"
+    proc, address = _start_cluster(corpus, constructors=2, log=log)
+    runs: dict[tuple[str, int], list[dict]] = {}
+    try:
+        for r in range(repeats):
+            for n in ns:
+                for mode, push in (("push", None), ("poll", False)):
+                    runs.setdefault((mode, n), []).append(sweep_point(
+                        address, proc.pid, sources, n=n, dp=dp, steps=steps,
+                        job=f"compare-{mode}-{n}-{r}", push=push))
+    except Exception as exc:
+        raise RuntimeError(f"{exc}; the cluster's log ends: {log.read_text()[-1500:]}") from exc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    out: dict = {"dp": dp, "steps": steps, "repeats": repeats}
+    for mode in ("push", "poll"):
+        medians = [(n, statistics.median(p["cpu_ms_per_step"] for p in runs[(mode, n)])) for n in ns]
+        base, slope = _slope(medians) if len(ns) > 1 else (medians[0][1], 0.0)
+        out[mode] = {
+            "cpu_ms_per_step": dict(medians),
+            "cpu_ms_per_step_all": {n: [p["cpu_ms_per_step"] for p in runs[(mode, n)]] for n in ns},
+            "messages_per_step": {n: statistics.median(p["messages_per_step"] for p in runs[(mode, n)])
+                                  for n in ns},
+            "steps_per_s": {n: statistics.median(p["steps_per_s"] for p in runs[(mode, n)]) for n in ns},
+            "loop_blocked_p99_ms": {n: statistics.median(p["loop_blocked_p99_ms"] for p in runs[(mode, n)])
+                                    for n in ns},
+            "scheduler_cpu_us_per_rank_step": 1000 * slope,
+            "max_ranks_at_1_step_per_s": (1000.0 - base) / slope if slope > 0 else float("inf"),
+        }
+    return out
+
+
+if __name__ == "__main__":
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(description="pushed locations against long polls, side by side")
+    parser.add_argument("--compare", nargs="+", type=int, required=True, metavar="N")
+    parser.add_argument("--dp", type=int, default=FIXED_DP)
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    print(json.dumps(push_vs_poll(tuple(args.compare), args.dp, args.steps, args.repeats), indent=1))

@@ -151,9 +151,12 @@ class LocationPusher:
             if fut is None or (step, dp) in runtime.batch_errors:
                 continue  # released meanwhile, or failed (its ranks hear it from their poll)
             who_has = runtime.who_has(fut.key)
+            if not who_has:  # lost with its constructor already: pushed again once rebuilt
+                runtime._rebuilding((step, dp), fut)
+                continue
             checkpoint = checkpoints.get(step) or runtime.view.checkpoint(step + 1)
-            if not who_has or checkpoint is None:
-                continue  # moved (rebuilt on the next long poll), or not in the view: ranks ask
+            if checkpoint is None:
+                continue  # not in the view (never for a batch just built): its ranks ask
             entries = []
             for rank in self._groups.get(dp, {}).get(client, ()):
                 token, gen, cp_rank, tokens, labels = ranks[rank]

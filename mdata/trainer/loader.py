@@ -142,7 +142,6 @@ class Loader:
         self.locate_seconds: deque[float] = deque(maxlen=4096)
         self._teller: ConsumptionTeller | None = None  # consumption, told off the loop (on attach)
         self._hub: LocationHub | None = None  # location requests, with this client's other ranks
-        self._pushed_waits: dict[int, float] = {}  # step -> wait for its pushed location, to tell
 
     @property
     def timeout(self) -> float:
@@ -251,12 +250,11 @@ class Loader:
         hub = self._hub
         if hub is None:  # closed meanwhile: the steps stay noted (close() flushed what it could)
             raise TrainerError("loader closed")
-        waits = self._pushed_waits  # told once: a failed tell's waits are not told again
-        waited = tuple(waits.pop(s, -1.0) for s in steps) if waits else ()
+        waited = hub.pushed_waits(self.rank, tuple(steps))  # told once, even if this tell fails
         with self._patience.scheduler.calls():  # a lost scheduler: say so, at once
             hub.tell(ConsumedTell(rank=self.rank, steps=tuple(steps), token=self._token,
                                   generation=self._generation, stalled_s=self.wait_seconds,
-                                  waited=waited if any(w >= 0 for w in waited) else ()))
+                                  waited=waited))
 
     def _prefetch_loop(self) -> None:
         from mdata.trainer.tensors import batch_to_torch
@@ -325,15 +323,17 @@ class Loader:
         wait = self._patience.begin()  # the timeout, stretched while storage is waited out
         push = self._hub.pushes is not None
         while True:
+            if self._stop.is_set():  # closing: no new long poll
+                raise TrainerError("loader closed")
             poll = self._patience.poll_s(wait, self.poll_interval)
             asked = time.monotonic()
             if push and pushed:  # pushed to this client: no round trip (none came: ask below)
                 location, waited = self._hub.pushed(step, self.rank, self._generation, poll, self._stop)
                 if location is not None:
                     self.locate_seconds.append(waited)
-                    self._pushed_waits[step] = waited
                     return location
-            consumed = self._teller.take() if self._teller is not None and not push else ()  # pushed: told alone
+            # with push, consumption is told alone (with the waits for the pushes)
+            consumed = self._teller.take() if self._teller is not None and not push else ()
             try:
                 reply = self._hub.locate(step, poll, LocationAsk(
                     rank=self.rank, token=self._token, generation=self._generation,
@@ -349,8 +349,6 @@ class Loader:
             if reply.status is Status.FAILED:
                 # the error that failed the job, as its own class (a CorruptShardError...)
                 raise reply.failure(f"rank {self.rank}, step {step}")
-            if self._stop.is_set():
-                raise TrainerError("loader closed")
             if not self._patience.keep_waiting(wait, step):
                 raise TrainerTimeoutError(
                     f"rank {self.rank}: the batch of step {step} was not ready within "

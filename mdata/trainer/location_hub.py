@@ -106,6 +106,10 @@ class LocationHub:
             return None, 0.0
         return self.pushes.take(step, rank, generation, wait_s, stop)
 
+    def pushed_waits(self, rank: int, steps: tuple[int, ...]) -> tuple[float, ...]:
+        """:meth:`PushedLocations.waits` (empty when push is off)."""
+        return () if self.pushes is None else self.pushes.waits(rank, steps)
+
     def tell(self, tell: ConsumedTell) -> None:
         """Tell ``tell`` with this process' other ranks' consumption; raises its own error."""
         def send(tells: tuple, _polls: list[float]) -> tuple:

@@ -48,6 +48,7 @@ class PushedLocations:
         self._subscribed: dict[int, tuple[int, Any]] = {}  # rank -> (generation, stream)
         self._asking: dict[int, int] = {}  # rank -> generation, of subscriptions being asked
         self._by_rank: dict[int, dict[int, BatchLocation]] = {}  # rank -> step -> location
+        self._waits: dict[int, dict[int, float]] = {}  # rank -> step -> wait for it, to tell
 
     def subscribing(self, ranks: list[tuple[int, int]]) -> None:
         """These ``(rank, generation)``s are about to subscribe: pushes for them are kept from
@@ -75,6 +76,7 @@ class PushedLocations:
             self._subscribed.pop(rank, None)
             self._asking.pop(rank, None)
             self._by_rank.pop(rank, None)
+            self._waits.pop(rank, None)
             self._cond.notify_all()
 
     def receive(self, push: LocationPush) -> None:
@@ -116,10 +118,19 @@ class PushedLocations:
                 now = time.monotonic()
                 if location is not None:
                     self.taken += 1
+                    self._waits.setdefault(rank, {})[step] = now - began
                     return location, now - began
                 if now >= deadline or (stop is not None and stop.is_set()):
                     return None, now - began
                 self._cond.wait(min(CHECK_S, deadline - now))
+
+    def waits(self, rank: int, steps: tuple[int, ...]) -> tuple[float, ...]:
+        """Per step of ``steps``, how long ``rank`` waited for its pushed location (-1: it was
+        not pushed), each told once (``ConsumedTell.waited``); empty when none was pushed."""
+        with self._cond:
+            mine = self._waits.get(rank)
+            waited = tuple(mine.pop(s, -1.0) for s in steps) if mine else ()
+        return waited if any(w >= 0 for w in waited) else ()
 
 
 def push_handler(client: Any, hubs: dict, lock: threading.Lock):
