@@ -39,7 +39,8 @@ Figures (``control.*``):
   ``max_ranks_at_1_step_per_s_poll`` are the poll sweep's (with the push run's per-group cost),
   ``push_cpu_ratio`` is the poll run's scheduler CPU per step over the push run's at the largest
   world, and ``scheduler_messages_per_step_push`` / ``_poll`` count on the scheduler (the
-  Planner's counters) the location requests plus pushes it handled per step there;
+  Planner's counters) the location requests, consumption requests and pushes it handled per
+  step there;
 * ``steps_per_s_<n>``: steps per second the ranks reached (bounded here by 2 shared cores, not by
   the protocol alone).
 
@@ -183,10 +184,11 @@ def _next_result(results, hosts, cluster_pid: int, deadline: float) -> dict:
                 raise RuntimeError("the trainer hosts did not finish in time") from None
 
 
-def _read_messages(dask_scheduler=None, job: str = "") -> tuple[int, int]:
-    """On the scheduler: location requests served and pushes sent for ``job`` so far."""
+def _read_messages(dask_scheduler=None, job: str = "") -> tuple[int, int, int]:
+    """On the scheduler: location requests and consumption requests served, and pushes sent,
+    for ``job`` so far."""
     runtime = dask_scheduler.extensions["mdata"].jobs[job]
-    return runtime.location_requests, runtime.pusher.messages
+    return runtime.location_requests, runtime.consumed_requests, runtime.pusher.messages
 
 
 def sweep_point(address: str, pid: int, sources, *, n: int, dp: int, steps: int, job: str,
@@ -228,7 +230,7 @@ def sweep_point(address: str, pid: int, sources, *, n: int, dp: int, steps: int,
             p.join(timeout=30)
         sampler.stop()
         lags = client.run_on_scheduler(_read_loop_lags)
-        requests_seen, pushes = client.run_on_scheduler(_read_messages, job=job)
+        requests_seen, tells_seen, pushes = client.run_on_scheduler(_read_messages, job=job)
         client.run_on_scheduler(lambda dask_scheduler=None: dask_scheduler._mdata_bench_loop_probe.cancel())
         JobHandle(client, job).close()
     if errors or len(records) != n:
@@ -253,7 +255,9 @@ def sweep_point(address: str, pid: int, sources, *, n: int, dp: int, steps: int,
     acks = [s for r in records.values() for s in r["ack_s"][WARMUP:]]
     requests, asks = sum(h[0] for h in hubs), sum(h[1] for h in hubs)
     return {"asks_per_request": asks / requests if requests else float("nan"),
-            "messages_per_step": (requests_seen + pushes) / steps,
+            "messages_per_step": (requests_seen + tells_seen + pushes) / steps,
+            "requests_per_step": requests_seen / steps, "tells_per_step": tells_seen / steps,
+            "pushes_per_step": pushes / steps,
             "n": n, "dp": dp, "cpu_ms_per_step": cpu_ms, "steps_per_s": window_steps / (end - start),
             "locate_p50_ms": 1000 * _percentile(locate, 0.5), "locate_p99_ms": 1000 * _percentile(locate, 0.99),
             "ack_ms": 1000 * statistics.median(acks), "ack_p99_ms": 1000 * _percentile(acks, 0.99),
@@ -342,9 +346,9 @@ def run(quick: bool) -> dict:
             top_poll["cpu_ms_per_step"] / top["cpu_ms_per_step"] if top["cpu_ms_per_step"] else float("nan"),
             goal="> 1", note=f"scheduler CPU per step at N={top['n']}: long polls / pushed locations"),
         "control.scheduler_messages_per_step_push": figure(
-            top["messages_per_step"], note=f"N={top['n']}: location requests + pushes per step"),
+            top["messages_per_step"], note=f"N={top['n']}: location and consumption requests + pushes per step"),
         "control.scheduler_messages_per_step_poll": figure(
-            top_poll["messages_per_step"], note=f"N={top['n']}: location requests per step, long polls"),
+            top_poll["messages_per_step"], note=f"N={top['n']}: location and consumption requests per step, long polls"),
         "control.host_requests_cpu_ratio": figure(
             alone["cpu_ms_per_step"] / top_poll["cpu_ms_per_step"] if top_poll["cpu_ms_per_step"]
             else float("nan"),
@@ -400,8 +404,9 @@ def push_vs_poll(ns: tuple[int, ...], dp: int, steps: int, repeats: int) -> dict
         out[mode] = {
             "cpu_ms_per_step": dict(medians),
             "cpu_ms_per_step_all": {n: [p["cpu_ms_per_step"] for p in runs[(mode, n)]] for n in ns},
-            "messages_per_step": {n: statistics.median(p["messages_per_step"] for p in runs[(mode, n)])
-                                  for n in ns},
+            **{what: {n: statistics.median(p[what] for p in runs[(mode, n)]) for n in ns}
+               for what in ("messages_per_step", "requests_per_step", "tells_per_step",
+                            "pushes_per_step")},
             "steps_per_s": {n: statistics.median(p["steps_per_s"] for p in runs[(mode, n)]) for n in ns},
             "loop_blocked_p99_ms": {n: statistics.median(p["loop_blocked_p99_ms"] for p in runs[(mode, n)])
                                     for n in ns},

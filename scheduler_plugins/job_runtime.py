@@ -117,10 +117,11 @@ class JobRuntime:
             ps.PoolTarget: self._pool_target,
             ps.JobFailed: self._job_failed,
         }
-        # rank -> (the Loader's lease token, the last step whose delivery it told): a delivery
-        # arrives with the next location request or is implied by the consumption, whichever is
-        # first, and is recorded once (see _delivery)
-        self.delivered: dict[int, tuple[str, int]] = {}
+        # rank -> (the Loader's lease token, the steps whose delivery it told, from the consumed
+        # step on): a delivery arrives with a later location request or is implied by the
+        # consumption, whichever is first, and is recorded once (see _delivery). Steps, not the
+        # last one: with pushed locations a later step's delivery may be told first
+        self.delivered: dict[int, tuple[str, set[int]]] = {}
         self.wait_seconds: dict[int, float] = defaultdict(float)
         self.stalled_seconds: dict[int, float] = {}  # training loops' own waits (acks tell them)
         self.consumed_steps: dict[int, int] = {}
@@ -136,6 +137,7 @@ class JobRuntime:
         self.pusher = LocationPusher(self)  # built batches' locations, pushed to subscribed clients
         self.location_requests = 0  # location requests served, and the rank asks they carried
         self.location_asks = 0
+        self.consumed_requests = 0  # consumption told on its own (mdata_consumed)
         self._pending: list = []  # acknowledgements waiting for the Planner (see _handle_coalesced)
         self._pending_done: asyncio.Future | None = None
         from mdata import config
@@ -459,11 +461,17 @@ class JobRuntime:
         """The delivery of ``step`` to ``rank`` as an event, unless that Loader told it already
         (a rank that gets its batch by broadcast has none)."""
         dp_rank = self.plan.mesh.coordinate(rank).dp
-        told = self.delivered.get(rank)
-        if rank not in self.state.receivers[dp_rank] or step < self.view.consumed_step or (
-                told is not None and told[0] == token and told[1] >= step):
+        consumed = self.view.consumed_step
+        if rank not in self.state.receivers[dp_rank] or step < consumed:
             return []
-        self.delivered[rank] = (token, step)
+        told = self.delivered.get(rank)
+        if told is None or told[0] != token:
+            told = self.delivered[rank] = (token, set())
+        if step in told[1]:
+            return []
+        told[1].add(step)
+        if len(told[1]) > 64:  # steps before the consumed one are refused above: forget them
+            told[1].difference_update([s for s in told[1] if s < consumed])
         return [ps.BatchDelivered(step=step, dp_rank=dp_rank, ranks=(rank,),
                                   stimulus_id=f"delivered-{rank}-{step}")]
 

@@ -305,6 +305,7 @@ class PlannerPlugin(SchedulerPlugin):
         each tell is checked as an ack is, and a wrong one gets its own error back."""
         handler = req.handler.value
         runtime = self._job(req.job)
+        runtime.consumed_requests += 1
         errors: list[MdataError | None] = []
         for tell in req.tells:
             try:
