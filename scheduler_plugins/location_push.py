@@ -45,9 +45,9 @@ class LocationPusher:
         self.runtime = runtime
         # client id -> rank -> (lease token, generation, cp_rank, receives_tokens, receives_labels)
         self.subs: dict[str, dict[int, tuple[str, int, int, bool, bool]]] = {}
-        # DP rank -> client id -> its subscribed ranks in that group (rebuilt on subscription)
-        self._groups: dict[int, dict[str, list[int]]] = {}
-        self._client_groups: dict[str, set[int]] = {}  # client id -> DP groups it has ranks in
+        # DP rank -> client id -> its subscribed ranks in that group
+        self._groups: dict[int, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
+        self._client_groups: dict[str, set[int]] = defaultdict(set)  # client -> its DP groups
         self._pending: dict[str, set[tuple[int, int]]] = defaultdict(set)  # client -> built keys
         self._timer: asyncio.TimerHandle | None = None
         self.messages = 0  # pushes sent, and the rank locations they carried
@@ -62,6 +62,7 @@ class LocationPusher:
         if client not in runtime.scheduler.client_comms or runtime._closed:
             return False
         mine = self.subs.setdefault(client, {})
+        mesh = runtime.plan.mesh
         fresh: set[int] = set()  # DP groups with a rank subscribed anew
         for ask in asks:
             if not ask.token or runtime._stale(ask.rank, ask.token, ask.generation) is not None:
@@ -69,34 +70,28 @@ class LocationPusher:
             held = mine.get(ask.rank)
             if held is not None and held[:2] == (ask.token, ask.generation):
                 continue
-            role = runtime.plan.mesh.role(ask.rank)
+            role, dp = mesh.role(ask.rank), mesh.coordinate(ask.rank).dp
             mine[ask.rank] = (ask.token, ask.generation, int(role.cp_rank),
                               bool(role.receives_tokens), bool(role.receives_labels))
-            fresh.add(runtime.plan.mesh.coordinate(ask.rank).dp)
-        if fresh:
-            self._regroup()
-            for key in runtime.batch_futures:
-                if key[0] > step and key[1] in fresh and runtime.batch_ready[key].is_set():
-                    self._pending[client].add(key)
+            if held is None:  # kept incrementally: a world subscribes a few ranks at a time
+                self._groups[dp][client].append(ask.rank)
+                self._client_groups[client].add(dp)
+            fresh.add(dp)
+        if fresh:  # the later steps' batches already built (within the window)
+            ready = runtime.batch_ready
+            for s in range(step + 1, step + 1 + max(1, int(runtime.state.window))):
+                for dp in fresh:
+                    key = (s, dp)
+                    if key in runtime.batch_futures and key in ready and ready[key].is_set():
+                        self._pending[client].add(key)
             self._schedule()
         return bool(mine)
-
-    def _regroup(self) -> None:
-        coordinate = self.runtime.plan.mesh.coordinate
-        groups: dict[int, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
-        for client, ranks in self.subs.items():
-            for rank in ranks:
-                groups[coordinate(rank).dp][client].append(rank)
-        self._groups = groups
-        self._client_groups = defaultdict(set)
-        for dp, clients in groups.items():
-            for client in clients:
-                self._client_groups[client].add(dp)
 
     def client_gone(self, client: str) -> None:
         if self.subs.pop(client, None) is not None:
             self._pending.pop(client, None)
-            self._regroup()
+            for dp in self._client_groups.pop(client, ()):
+                self._groups[dp].pop(client, None)
 
     def reset(self) -> None:
         """The job failed, rewound or closed: tell every subscriber and end the subscriptions."""
@@ -105,7 +100,8 @@ class LocationPusher:
         for client in list(self.subs):
             self._send(client, push)
         self.subs.clear()
-        self._groups, self._client_groups = {}, {}
+        self._groups.clear()
+        self._client_groups.clear()
         self._pending.clear()
         if self._timer is not None:
             self._timer.cancel()
