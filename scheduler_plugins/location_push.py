@@ -5,9 +5,10 @@ step are built one after the other, so a client's ranks are answered a few at a 
 scheduler's time per step goes to handling those messages, not to mdata's work. With it, a
 client that long-polled naming itself (``HostLocationRequest.client``) is subscribed for the
 lease of each asking rank; when a DP group's batch is built, the group is queued for every
-subscribed client with a rank in it, and each client gets ONE :class:`LocationPush` over its
+subscribed client with a rank in it, and each client gets one :class:`LocationPush` over its
 batched stream once all of its groups of that step are built, or :data:`GATHER_S` after the first
-of them was (whichever is first): one message per client and step, however many ranks it hosts.
+of them was (whichever is first): one message per client and step when its groups are built
+together, at most one per group it has ranks in, however many ranks it hosts.
 
 Pushes are hints (:mod:`mdata.wire.location_push`): a rank's lease is checked at each push
 (a rank detached or taken over gets none), a batch without holder is not pushed (its ranks
