@@ -7,7 +7,9 @@ long-poll where its batch is, pull its slice from the constructor, acknowledge c
 is no training compute: the ranks go as fast as the data path lets them, so what the scheduler
 spends per step is what the protocol costs it. As in training, where every step ends in a
 collective (the gradients' all-reduce), the ranks of a host wait for each other at the end of
-each step (a barrier; ranks of other hosts are not waited for).
+each step (a barrier; ranks of other hosts are not waited for), and each marks the step
+consumed once it is through (as a training loop's next call for a batch would: after the step's
+collective, so the ranks of a host note it within moments of each other).
 
 Each rank records, per step, when it took the batch (wall clock, so the parent can line the steps
 up with the scheduler's CPU samples), how long the training loop waited in the Loader for it, and
@@ -42,10 +44,12 @@ def _rank_loop(client, job: str, rank: int, world: int, steps: int, timeout: flo
                 hub = hub or loader._hub
                 waits.append(time.perf_counter() - began)
                 taken.append(time.time())
-                began = time.perf_counter()
-                loader.mark_consumed()  # the loop is done with the batch: what it costs the loop
-                acks.append(time.perf_counter() - began)
                 step_barrier.wait(timeout)  # the step's collective: ranks train in lockstep
+                began = time.perf_counter()
+                # the step is done once its collective is (as a training loop's next() says it):
+                # the host's ranks note consumption together; what it costs the loop
+                loader.mark_consumed()
+                acks.append(time.perf_counter() - began)
             out[rank] = {"taken": taken, "wait_s": waits, "ack_s": acks,
                          "locate_s": list(loader.locate_seconds),
                          "hub": None if hub is None else (hub.requests, hub.asks)}
@@ -55,11 +59,13 @@ def _rank_loop(client, job: str, rank: int, world: int, steps: int, timeout: flo
 
 
 def run_host(address: str, job: str, ranks: list[int], world: int, steps: int,
-             timeout: float, results, gather_s: float | None = None) -> None:
+             timeout: float, results, gather_s: float | None = None,
+             push: bool | None = None) -> None:
     """Process body: run ``ranks`` of ``job`` for ``steps`` steps over one shared client and put
     ``{"ranks": {rank: record}, "errors": [...]}`` on the ``results`` queue. ``gather_s``:
     ``mdata.trainer.location-gather`` for this host (0: every rank asks alone, as before ranks
-    of one client asked together)."""
+    of one client asked together); ``push``: ``mdata.trainer.location-push`` (False: ranks
+    long-poll every step, as before the scheduler pushed locations; None: the default)."""
     import logging
 
     import dask
@@ -67,6 +73,8 @@ def run_host(address: str, job: str, ranks: list[int], world: int, steps: int,
 
     if gather_s is not None:
         dask.config.set({"mdata.trainer.location-gather": gather_s})
+    if push is not None:
+        dask.config.set({"mdata.trainer.location-push": bool(push)})
     logging.getLogger("distributed").setLevel(logging.ERROR)
     out: dict[int, Any] = {}
     errors: list[str] = []

@@ -27,10 +27,20 @@ Figures (``control.*``):
 * ``loop_blocked_ms_p99``: the scheduler's event loop's longest blocked interval per step (a probe
   coroutine on the loop measures how late its 5 ms sleeps wake), p99 over steps, at the largest
   fixed-DP world;
-* ``asks_per_request``: location asks per request at the largest fixed-DP world (ranks that share
+* ``asks_per_request``: location asks per request at the largest fixed-DP world, long-polling (ranks that share
   a client ask together, :mod:`mdata.trainer.location_hub`); ``scheduler_cpu_ms_per_step_<n>_ranks_alone``:
-  the same world with every rank asking alone (``mdata.trainer.location-gather`` 0, the protocol
-  before), and ``host_requests_cpu_ratio`` the first over the default, both in the same run;
+  the same world with every rank long-polling alone (``mdata.trainer.location-gather`` 0 and
+  ``location-push`` off, the protocol before), and ``host_requests_cpu_ratio`` the first over
+  the long polls per host, all in the same run;
+* pushed locations against long polls, in the same run: the fixed-DP sweep runs once with the
+  default (the scheduler pushes built batches' locations, :mod:`scheduler_plugins.location_push`)
+  and once with ``mdata.trainer.location-push`` off (every rank long-polls each step), the two
+  interleaved point by point. ``scheduler_cpu_us_per_rank_step_poll`` and
+  ``max_ranks_at_1_step_per_s_poll`` are the poll sweep's (with the push run's per-group cost),
+  ``push_cpu_ratio`` is the poll run's scheduler CPU per step over the push run's at the largest
+  world, and ``scheduler_messages_per_step_push`` / ``_poll`` count on the scheduler (the
+  Planner's counters) the location requests, consumption requests and pushes it handled per
+  step there;
 * ``steps_per_s_<n>``: steps per second the ranks reached (bounded here by 2 shared cores, not by
   the protocol alone).
 
@@ -174,10 +184,18 @@ def _next_result(results, hosts, cluster_pid: int, deadline: float) -> dict:
                 raise RuntimeError("the trainer hosts did not finish in time") from None
 
 
+def _read_messages(dask_scheduler=None, job: str = "") -> tuple[int, int, int]:
+    """On the scheduler: location requests and consumption requests served, and pushes sent,
+    for ``job`` so far."""
+    runtime = dask_scheduler.extensions["mdata"].jobs[job]
+    return runtime.location_requests, runtime.consumed_requests, runtime.pusher.messages
+
+
 def sweep_point(address: str, pid: int, sources, *, n: int, dp: int, steps: int, job: str,
-                gather_s: float | None = None) -> dict:
+                gather_s: float | None = None, push: bool | None = None) -> dict:
     """Run ``n`` ranks (DP ``dp``, TP ``n // dp``) for ``steps`` steps; what the scheduler spent.
-    ``gather_s``: the hosts' ``mdata.trainer.location-gather`` (None: the default)."""
+    ``gather_s``: the hosts' ``mdata.trainer.location-gather`` (None: the default); ``push``:
+    their ``mdata.trainer.location-push`` (None: the default)."""
     from distributed import Client
 
     from benchmarks.control_hosts import run_host
@@ -192,7 +210,7 @@ def sweep_point(address: str, pid: int, sources, *, n: int, dp: int, steps: int,
         results = ctx.Queue()
         procs = [ctx.Process(target=run_host, daemon=True,
                              args=(address, job, list(range(h * per_host, min(n, (h + 1) * per_host))),
-                                   n, steps, TIMEOUT, results, gather_s))
+                                   n, steps, TIMEOUT, results, gather_s, push))
                  for h in range(hosts)]
         sampler = _CpuSampler(pid)
         sampler.start()
@@ -212,6 +230,7 @@ def sweep_point(address: str, pid: int, sources, *, n: int, dp: int, steps: int,
             p.join(timeout=30)
         sampler.stop()
         lags = client.run_on_scheduler(_read_loop_lags)
+        requests_seen, tells_seen, pushes = client.run_on_scheduler(_read_messages, job=job)
         client.run_on_scheduler(lambda dask_scheduler=None: dask_scheduler._mdata_bench_loop_probe.cancel())
         JobHandle(client, job).close()
     if errors or len(records) != n:
@@ -236,6 +255,9 @@ def sweep_point(address: str, pid: int, sources, *, n: int, dp: int, steps: int,
     acks = [s for r in records.values() for s in r["ack_s"][WARMUP:]]
     requests, asks = sum(h[0] for h in hubs), sum(h[1] for h in hubs)
     return {"asks_per_request": asks / requests if requests else float("nan"),
+            "messages_per_step": (requests_seen + tells_seen + pushes) / steps,
+            "requests_per_step": requests_seen / steps, "tells_per_step": tells_seen / steps,
+            "pushes_per_step": pushes / steps,
             "n": n, "dp": dp, "cpu_ms_per_step": cpu_ms, "steps_per_s": window_steps / (end - start),
             "locate_p50_ms": 1000 * _percentile(locate, 0.5), "locate_p99_ms": 1000 * _percentile(locate, 0.99),
             "ack_ms": 1000 * statistics.median(acks), "ack_p99_ms": 1000 * _percentile(acks, 0.99),
@@ -264,14 +286,18 @@ def run(quick: bool) -> dict:
     log = Path(tempfile.mkdtemp(prefix="mdata-control-")) / "cluster.log"
     proc, address = _start_cluster(corpus, constructors=1 if quick else 2, log=log)
     try:
-        points = [sweep_point(address, proc.pid, sources, n=n, dp=dp, steps=steps, job=f"control-{n}")
-                  for n in fixed]
+        points, polled = [], []  # pushed locations and long polls, point by point
+        for n in fixed:
+            points.append(sweep_point(address, proc.pid, sources, n=n, dp=dp, steps=steps,
+                                      job=f"control-{n}"))
+            polled.append(sweep_point(address, proc.pid, sources, n=n, dp=dp, steps=steps,
+                                      job=f"control-{n}-poll", push=False))
         group_points = [sweep_point(address, proc.pid, sources, n=n, dp=n, steps=steps,
                                     job=f"control-dp{n}") for n in per_group]
-        # the same largest world with every rank asking alone (the protocol before ranks of one
-        # client asked together), measured in the same run
+        # the same largest world with every rank long-polling alone (the protocol before ranks
+        # of one client asked together), measured in the same run
         alone = sweep_point(address, proc.pid, sources, n=fixed[-1], dp=dp, steps=steps,
-                            job=f"control-{fixed[-1]}-alone", gather_s=0.0)
+                            job=f"control-{fixed[-1]}-alone", gather_s=0.0, push=False)
     except Exception as exc:
         raise RuntimeError(f"{exc}; the cluster's log ends: {log.read_text()[-1500:]}") from exc
     finally:
@@ -286,7 +312,11 @@ def run(quick: bool) -> dict:
     fixed_ms = max(0.0, base - dp * per_group_ms)  # the fixed-DP intercept holds its dp groups
     per_rank_at_scale = max(0.0, per_rank) + per_group_ms / RANKS_PER_GROUP
     max_ranks = (1000.0 - fixed_ms) / per_rank_at_scale if per_rank_at_scale > 0 else float("inf")
-    top = points[-1]
+    _, per_rank_poll = _slope([(p["n"], p["cpu_ms_per_step"]) for p in polled])
+    per_rank_poll_at_scale = max(0.0, per_rank_poll) + per_group_ms / RANKS_PER_GROUP
+    max_ranks_poll = ((1000.0 - fixed_ms) / per_rank_poll_at_scale if per_rank_poll_at_scale > 0
+                      else float("inf"))
+    top, top_poll = points[-1], polled[-1]
     figures = {
         "control.scheduler_cpu_us_per_rank_step": figure(
             1000 * per_rank, unit="us", goal="flat in N at fixed DP (grows with groups, not ranks)",
@@ -302,19 +332,98 @@ def run(quick: bool) -> dict:
                                          note=f"median, N={top['n']}"),
         "control.ack_ms_on_loop_p99": figure(top["ack_p99_ms"], unit="ms", note=f"N={top['n']}"),
         "control.loop_blocked_ms_p99": figure(top["loop_blocked_p99_ms"], unit="ms", note=f"N={top['n']}"),
-        "control.asks_per_request": figure(top["asks_per_request"], note=(
-            f"N={top['n']}, {MAX_RANKS_PER_HOST} ranks per host client: location asks per request")),
+        "control.asks_per_request": figure(top_poll["asks_per_request"], note=(
+            f"N={top['n']}, {MAX_RANKS_PER_HOST} ranks per host client, long polls: location asks "
+            "per request")),
         f"control.scheduler_cpu_ms_per_step_{top['n']}_ranks_alone": figure(
             alone["cpu_ms_per_step"], unit="ms", note=f"DP {dp}, every rank asking alone (location-gather 0)"),
+        "control.scheduler_cpu_us_per_rank_step_poll": figure(
+            1000 * per_rank_poll, unit="us", note=f"as the default, ranks long-polling every step "
+                                                  "(location-push off), same run"),
+        "control.max_ranks_at_1_step_per_s_poll": figure(
+            max_ranks_poll, note="as the default, ranks long-polling (the push run's per-group cost)"),
+        "control.push_cpu_ratio": figure(
+            top_poll["cpu_ms_per_step"] / top["cpu_ms_per_step"] if top["cpu_ms_per_step"] else float("nan"),
+            goal="> 1", note=f"scheduler CPU per step at N={top['n']}: long polls / pushed locations"),
+        "control.scheduler_messages_per_step_push": figure(
+            top["messages_per_step"], note=f"N={top['n']}: location and consumption requests + pushes per step"),
+        "control.scheduler_messages_per_step_poll": figure(
+            top_poll["messages_per_step"], note=f"N={top['n']}: location and consumption requests per step, long polls"),
         "control.host_requests_cpu_ratio": figure(
-            alone["cpu_ms_per_step"] / top["cpu_ms_per_step"] if top["cpu_ms_per_step"] else float("nan"),
-            goal="> 1", note=f"scheduler CPU per step at N={top['n']}: ranks asking alone / per host"),
+            alone["cpu_ms_per_step"] / top_poll["cpu_ms_per_step"] if top_poll["cpu_ms_per_step"]
+            else float("nan"),
+            goal="> 1", note=f"scheduler CPU per step at N={top['n']}, long polls: ranks asking alone / per host"),
     }
     for p in points:
         figures[f"control.scheduler_cpu_ms_per_step_{p['n']}"] = figure(p["cpu_ms_per_step"], unit="ms",
                                                                        note=f"DP {dp}")
         figures[f"control.steps_per_s_{p['n']}"] = p["steps_per_s"]
+    for p in polled:
+        figures[f"control.scheduler_cpu_ms_per_step_{p['n']}_poll"] = figure(
+            p["cpu_ms_per_step"], unit="ms", note=f"DP {dp}, long polls")
     for p in group_points:
         figures[f"control.scheduler_cpu_ms_per_step_dp{p['n']}"] = figure(p["cpu_ms_per_step"], unit="ms",
                                                                          note="DP = N")
     return figures
+
+
+def push_vs_poll(ns: tuple[int, ...], dp: int, steps: int, repeats: int) -> dict:
+    """Pushed locations against long polls side by side, in one cluster: for each world size in
+    ``ns`` (DP ``dp``), ``repeats`` rounds of one push point and one poll point, interleaved so
+    that load on the machine hits both alike; per mode the median scheduler CPU per step and
+    messages per step, then the per-rank slopes and ``max_ranks_at_1_step_per_s`` of the medians
+    (per-group cost left out: the DP is fixed). Run ``python -m benchmarks.control_plane
+    --compare 64 256 --dp 16``; it prints the figures as JSON."""
+    from benchmarks.workload import corpus_dir
+    from mdata.data.example import example_sources
+
+    corpus = corpus_dir()
+    sources = example_sources(corpus)
+    log = Path(tempfile.mkdtemp(prefix="mdata-control-")) / "cluster.log"
+    proc, address = _start_cluster(corpus, constructors=2, log=log)
+    runs: dict[tuple[str, int], list[dict]] = {}
+    try:
+        for r in range(repeats):
+            for n in ns:
+                for mode, push in (("push", None), ("poll", False)):
+                    runs.setdefault((mode, n), []).append(sweep_point(
+                        address, proc.pid, sources, n=n, dp=dp, steps=steps,
+                        job=f"compare-{mode}-{n}-{r}", push=push))
+    except Exception as exc:
+        raise RuntimeError(f"{exc}; the cluster's log ends: {log.read_text()[-1500:]}") from exc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    out: dict = {"dp": dp, "steps": steps, "repeats": repeats}
+    for mode in ("push", "poll"):
+        medians = [(n, statistics.median(p["cpu_ms_per_step"] for p in runs[(mode, n)])) for n in ns]
+        base, slope = _slope(medians) if len(ns) > 1 else (medians[0][1], 0.0)
+        out[mode] = {
+            "cpu_ms_per_step": dict(medians),
+            "cpu_ms_per_step_all": {n: [p["cpu_ms_per_step"] for p in runs[(mode, n)]] for n in ns},
+            **{what: {n: statistics.median(p[what] for p in runs[(mode, n)]) for n in ns}
+               for what in ("messages_per_step", "requests_per_step", "tells_per_step",
+                            "pushes_per_step")},
+            "steps_per_s": {n: statistics.median(p["steps_per_s"] for p in runs[(mode, n)]) for n in ns},
+            "loop_blocked_p99_ms": {n: statistics.median(p["loop_blocked_p99_ms"] for p in runs[(mode, n)])
+                                    for n in ns},
+            "scheduler_cpu_us_per_rank_step": 1000 * slope,
+            "max_ranks_at_1_step_per_s": (1000.0 - base) / slope if slope > 0 else float("inf"),
+        }
+    return out
+
+
+if __name__ == "__main__":
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(description="pushed locations against long polls, side by side")
+    parser.add_argument("--compare", nargs="+", type=int, required=True, metavar="N")
+    parser.add_argument("--dp", type=int, default=FIXED_DP)
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    print(json.dumps(push_vs_poll(tuple(args.compare), args.dp, args.steps, args.repeats), indent=1))

@@ -35,6 +35,8 @@ GATHER_S = 0.02
 async def locate_many(runtime: "JobRuntime", step: int, asks: Sequence[LocationAsk],
                       timeout: float) -> list[BatchLocationReply]:
     """One reply per ask (see the module docstring), in the asks' order."""
+    runtime.location_requests += 1  # what ranks asked for, next to what was pushed to them
+    runtime.location_asks += len(asks)
     replies: list[BatchLocationReply | None] = [None] * len(asks)
     waiting: dict[int, tuple[int, int]] = {}  # ask index -> (step, DP rank): its batch's key
     events: list = []

@@ -44,6 +44,7 @@ from scheduler_plugins import rewind
 from scheduler_plugins.batch_locations import locate_many
 from scheduler_plugins.job_tasks import release_job_tasks_settled
 from scheduler_plugins.lineage_store import LineageStore
+from scheduler_plugins.location_push import LocationPusher
 from scheduler_plugins.planner_view import PlannerView
 from scheduler_plugins.recoveries import RecoveryTally
 from workers.constructor import construct_task
@@ -118,10 +119,11 @@ class JobRuntime:
             ps.PoolTarget: self._pool_target,
             ps.JobFailed: self._job_failed,
         }
-        # rank -> (the Loader's lease token, the last step whose delivery it told): a delivery
-        # arrives with the next location request or is implied by the consumption, whichever is
-        # first, and is recorded once (see _delivery)
-        self.delivered: dict[int, tuple[str, int]] = {}
+        # rank -> (the Loader's lease token, the steps whose delivery it told, from the consumed
+        # step on): a delivery arrives with a later location request or is implied by the
+        # consumption, whichever is first, and is recorded once (see _delivery). Steps, not the
+        # last one: with pushed locations a later step's delivery may be told first
+        self.delivered: dict[int, tuple[str, set[int]]] = {}
         self.wait_seconds: dict[int, float] = defaultdict(float)
         self.stalled_seconds: dict[int, float] = {}  # training loops' own waits (acks tell them)
         self.consumed_steps: dict[int, int] = {}
@@ -135,6 +137,10 @@ class JobRuntime:
         self.recoveries = RecoveryTally()  # what faults cost the job: the status's recoveries
         self._tasks: set[asyncio.Task] = set()
         self._closed = False
+        self.pusher = LocationPusher(self)  # built batches' locations, pushed to subscribed clients
+        self.location_requests = 0  # location requests served, and the rank asks they carried
+        self.location_asks = 0
+        self.consumed_requests = 0  # consumption told on its own (mdata_consumed)
         self._pending: list = []  # acknowledgements waiting for the Planner (see _handle_coalesced)
         self._pending_done: asyncio.Future | None = None
         from mdata import config
@@ -341,6 +347,8 @@ class JobRuntime:
             self.batch_errors[key] = (reason, exc if isinstance(exc, MdataError) else None)
             self._fail(reason, exc)
         self.batch_ready[key].set()
+        if not self.failed.is_set():
+            self.pusher.built(key)  # to the clients whose ranks will pull it
 
     def _release_chunk(self, ins: "ps.ReleaseChunk") -> None:
         fut = self.chunk_futures.pop(ins.chunk.key, None)
@@ -378,6 +386,7 @@ class JobRuntime:
         self.failed.set()
         for event in self.batch_ready.values():
             event.set()
+        self.pusher.reset()  # ranks waiting on a push ask, and hear the failure
 
     # -- queries -----------------------------------------------------------------------------------
     def who_has(self, key) -> list[str]:
@@ -445,6 +454,14 @@ class JobRuntime:
         if not self._closed:
             self._enqueue([ev for step in steps for ev in self._consumption(rank, step, token)])
 
+    def pushed_waits(self, rank: int, steps, waited) -> None:
+        """How long ``rank``'s prefetcher waited for the pushed locations of ``steps`` (-1: it
+        long-polled, measured in ``locate_many``), counted as a long poll's wait is."""
+        for step, seconds in zip(steps, waited):
+            if seconds >= 0:
+                self.wait_seconds[rank] += seconds
+                self.trainer_meter.waited(rank, step, seconds)
+
     def _consumption(self, rank: int, step: int, token: str) -> list:
         """The events of ``rank`` consuming ``step``: its delivery first (consumption implies it),
         unless told already, then the consumption; counted for the rank's status."""
@@ -457,11 +474,17 @@ class JobRuntime:
         """The delivery of ``step`` to ``rank`` as an event, unless that Loader told it already
         (a rank that gets its batch by broadcast has none)."""
         dp_rank = self.plan.mesh.coordinate(rank).dp
-        told = self.delivered.get(rank)
-        if rank not in self.state.receivers[dp_rank] or step < self.view.consumed_step or (
-                told is not None and told[0] == token and told[1] >= step):
+        consumed = self.view.consumed_step
+        if rank not in self.state.receivers[dp_rank] or step < consumed:
             return []
-        self.delivered[rank] = (token, step)
+        told = self.delivered.get(rank)
+        if told is None or told[0] != token:
+            told = self.delivered[rank] = (token, set())
+        if step in told[1]:
+            return []
+        told[1].add(step)
+        if len(told[1]) > 64:  # steps before the consumed one are refused above: forget them
+            told[1].difference_update([s for s in told[1] if s < consumed])
         return [ps.BatchDelivered(step=step, dp_rank=dp_rank, ranks=(rank,),
                                   stimulus_id=f"delivered-{rank}-{step}")]
 
@@ -521,6 +544,7 @@ class JobRuntime:
         if self._pending_done is not None and not self._pending_done.done():
             self._pending_done.set_result(None)  # acknowledgements of the old generation
         self._pending, self._pending_done = [], None
+        self.pusher.reset()  # the old generation's ranks ask, and hear of the rewind
         for fut in list(self.chunk_futures.values()) + list(self.batch_futures.values()):
             fut.release()
         self.chunk_futures.clear()
@@ -586,6 +610,7 @@ class JobRuntime:
 
     async def close(self) -> None:
         self._closed = True
+        self.pusher.reset()
         if self._pending_done is not None and not self._pending_done.done():
             self._pending_done.set_result(None)  # acknowledgements of a closed job: nothing to do
         for task in list(self._tasks):

@@ -157,6 +157,10 @@ class PlannerPlugin(SchedulerPlugin):
         for job in self.jobs.values():
             job.worker_lost(worker)
 
+    def remove_client(self, scheduler, client: str) -> None:
+        for job in self.jobs.values():  # its ranks' pushed locations end with its stream
+            job.pusher.client_gone(client)
+
     async def _tick(self) -> None:
         if self.scheduler is None or self.scheduler.status != Status.running:
             return  # closing: no new tasks (their client is going away)
@@ -288,16 +292,20 @@ class PlannerPlugin(SchedulerPlugin):
                 answers[i] = msg.BatchLocationReply(msg.Status.FAILED, reason=str(exc), error=exc)
                 continue
             asking.append(i)
-        located = await runtime.locate_many(req.step, [req.asks[i] for i in asking], req.timeout)
+        asks = [req.asks[i] for i in asking]
+        # subscribed before the long poll waits: no batch built meanwhile goes unpushed
+        pushing = bool(req.client) and runtime.pusher.subscribe(req.client, req.step, asks)
+        located = await runtime.locate_many(req.step, asks, req.timeout)
         for i, reply in zip(asking, located):
             answers[i] = reply
-        return msg.HostLocationReply(tuple(answers))
+        return msg.HostLocationReply(tuple(answers), pushing=pushing)
 
     async def consumed(self, req: msg.ConsumedRequest) -> msg.ConsumedReply:
         """What several ranks' training loops consumed (the steps no location request carried);
         each tell is checked as an ack is, and a wrong one gets its own error back."""
         handler = req.handler.value
         runtime = self._job(req.job)
+        runtime.consumed_requests += 1
         errors: list[MdataError | None] = []
         for tell in req.tells:
             try:
@@ -305,8 +313,10 @@ class PlannerPlugin(SchedulerPlugin):
                 check_lease(handler, tell.rank, tell.token, runtime.roster, tell.generation)
                 for step in tell.steps:
                     check_received(handler, runtime.view, tell.rank, check_step(handler, step))
+                waited = [check_stall(handler, tell.rank, w) for w in tell.waited]
                 runtime.consumed_told(tell.rank, tell.steps, tell.token,
                                       check_stall(handler, tell.rank, tell.stalled_s), tell.waits)
+                runtime.pushed_waits(tell.rank, tell.steps, waited)
             except MdataError as exc:
                 errors.append(exc)
                 continue

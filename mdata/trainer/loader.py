@@ -12,8 +12,8 @@ What counts is consumption, not prefetch: a step is acknowledged as consumed whe
 loop asks for the next batch (or calls :meth:`Loader.mark_consumed`), never when the prefetch
 thread fetched it, so the Planner's "consumed" step is what trainers really trained on. Telling it
 costs the loop no round trip: the step is noted and travels with the next location request, or
-on its own a moment later (:mod:`mdata.trainer.consumption`) Loaders that share one Dask client send those
-requests together, one per step (:mod:`mdata.trainer.location_hub`).
+on its own a moment later (:mod:`mdata.trainer.consumption`). Loaders that share one Dask client ask
+together, and the scheduler then pushes them the later steps' locations (:mod:`mdata.trainer.location_hub`).
 
 Each Loader leases its rank (one rank, one Loader) and joins a *generation* of the job: a
 Loader that brings a checkpoint for a job that runs already rewinds the job to it, and every rank
@@ -45,31 +45,13 @@ from mdata.trainer.environment import default_device, rank_from_env, world_size_
 from mdata.trainer.fetch import BatchMoved, fetch_slice
 from mdata.trainer.job_wait import wait_for_job
 from mdata.trainer.location_hub import LocationHub, hub_for, release as release_hub
-from mdata.trainer.reach import check_listening
+from mdata.trainer.reach import connect_client
 from mdata.wire.messages import (
     AckRequest, AttachRequest, BatchLocation, ConsumedTell, DetachRequest, JobInfo, LocationAsk,
     ReportMetricsRequest, Status, ask_sync,
 )
 
 __all__ = ["Loader", "default_device"]
-
-
-def _connect(address_or_client, timeout: float, security=None):
-    from distributed import Client
-
-    if hasattr(address_or_client, "scheduler") and hasattr(address_or_client, "sync"):
-        return address_or_client, False
-    check_listening(str(address_or_client))  # nothing there: one line in seconds, not the timeout
-    try:
-        client = Client(address_or_client, direct_to_workers=True, timeout=timeout,
-                        set_as_default=False, security=security)
-    except OSError as exc:
-        raise TrainerError(
-            f"cannot reach the mdata scheduler at {address_or_client!r} within {timeout:.0f}s: {exc}; "
-            "check the address printed by `mdata cluster up` (or your dask scheduler) and that "
-            "this host can reach it"
-        ) from exc
-    return client, True
 
 
 class Loader:
@@ -116,7 +98,7 @@ class Loader:
         self.poll_interval = config.seconds("trainer.poll-interval")
         self.device = default_device() if device is None else device
         self.plan = plan
-        self.client, self._owns_client = _connect(cluster, self.timeout, security)
+        self.client, self._owns_client = connect_client(cluster, self.timeout, security)
         self.info: dict | None = None  # the job's info (JobInfo.to_msg()), once attached
         self.broadcast_source: int | None = None
         self._delivery = None  # what the constructor sends this rank (mdata.mesh.Delivery)
@@ -253,10 +235,11 @@ class Loader:
         hub = self._hub
         if hub is None:  # closed meanwhile: the steps stay noted (close() flushed what it could)
             raise TrainerError("loader closed")
+        waited = hub.pushed_waits(self.rank, tuple(steps))  # told once, even if this tell fails
         with self._patience.scheduler.calls():  # a lost scheduler: say so, at once
             hub.tell(ConsumedTell(rank=self.rank, steps=tuple(steps), token=self._token,
                                   generation=self._generation, stalled_s=self.wait_seconds,
-                                  waits=self.step_waits.of(steps)))
+                                  waits=self.step_waits.of(steps), waited=waited))
 
     def _prefetch_loop(self) -> None:
         from mdata.trainer.tensors import batch_to_torch
@@ -307,8 +290,8 @@ class Loader:
         cluster, so the Loader asks again where it is until its timeout. ``delivered``: the
         step received before, told to the Planner with the location request."""
         deadline = None  # counted from the first miss: the wait for the batch has its own
-        while True:
-            location = self._locate(step, delivered)
+        while True:  # a moved batch is asked for: the long poll has the scheduler rebuild it
+            location = self._locate(step, delivered, pushed=deadline is None)
             try:
                 return location, fetch_slice(self.client, location, self._delivery)
             except BatchMoved as exc:
@@ -321,12 +304,21 @@ class Loader:
                     ) from None
                 time.sleep(0.1)
 
-    def _locate(self, step: int, delivered: int | None = None) -> BatchLocation:
+    def _locate(self, step: int, delivered: int | None = None, pushed: bool = True) -> BatchLocation:
         wait = self._patience.begin()  # the timeout, stretched while storage is waited out
+        push = self._hub.pushes is not None
         while True:
+            if self._stop.is_set():  # closing: no new long poll
+                raise TrainerError("loader closed")
             poll = self._patience.poll_s(wait, self.poll_interval)
             asked = time.monotonic()
-            consumed = self._teller.take() if self._teller is not None else ()
+            if push and pushed:  # pushed to this client: no round trip (none came: ask below)
+                location, waited = self._hub.pushed(step, self.rank, self._generation, poll, self._stop)
+                if location is not None:
+                    self.locate_seconds.append(waited)
+                    return location
+            # with push, consumption is told alone (with the waits for the pushes)
+            consumed = self._teller.take() if self._teller is not None and not push else ()
             try:
                 reply = self._hub.locate(step, poll, LocationAsk(
                     rank=self.rank, token=self._token, generation=self._generation,
@@ -343,8 +335,6 @@ class Loader:
             if reply.status is Status.FAILED:
                 # the error that failed the job, as its own class (a CorruptShardError...)
                 raise reply.failure(f"rank {self.rank}, step {step}")
-            if self._stop.is_set():
-                raise TrainerError("loader closed")
             if not self._patience.keep_waiting(wait, step):
                 raise TrainerTimeoutError(
                     f"rank {self.rank}: the batch of step {step} was not ready within "
@@ -392,7 +382,7 @@ class Loader:
             teller.close()
         hub, self._hub = getattr(self, "_hub", None), None
         if hub is not None:
-            release_hub(hub)
+            release_hub(hub, self.rank)
         if getattr(self, "info", None) is not None and getattr(self, "client", None) is not None:
             # end the lease now, so another Loader may take the rank over at once (in 2 s at most)
             detach_quietly(self.client, DetachRequest(job=self.job, rank=self.rank, token=self._token))

@@ -15,6 +15,12 @@ Consumption that no location request carried (the Loaders' teller threads,
 Ranks whose batches were not ready by the answer get ``TIMEOUT`` and simply ask again (with
 whoever asks for that step next); a request that fails (the scheduler is gone) fails every rank
 that was in it, each in its own thread, as a lone request would have.
+
+With ``mdata.trainer.location-push`` on (the default), the requests name the client and the
+scheduler pushes the later steps' locations over the client's stream instead
+(:mod:`mdata.trainer.pushed_locations`): a rank takes its step's location from
+:meth:`LocationHub.pushed` and long-polls only when none came (not subscribed yet, a reconnect,
+a rewind, its batch moved).
 """
 
 from __future__ import annotations
@@ -23,9 +29,11 @@ import threading
 import time
 from typing import Any
 
-from mdata.wire.delivery import BatchLocationReply
+from mdata.trainer.pushed_locations import PushedLocations, current_stream, push_handler
+from mdata.wire.delivery import BatchLocation, BatchLocationReply
 from mdata.wire.host_location import ConsumedRequest, ConsumedTell, HostLocationRequest, LocationAsk
-from mdata.wire.messages import ask_sync
+from mdata.wire.location_push import PUSH_OP
+from mdata.wire.messages import Status, ask_sync
 
 __all__ = ["LocationHub", "hub_for"]
 
@@ -54,8 +62,10 @@ class _Round:
 class LocationHub:
     """The location requests of the Loaders of one job that share one client (module docstring)."""
 
-    def __init__(self, client: Any, job: str, gather_s: float = 0.005) -> None:
+    def __init__(self, client: Any, job: str, gather_s: float = 0.005, push: bool = False) -> None:
         self.client, self.job, self.gather_s = client, job, float(gather_s)
+        # locations the scheduler pushes (None: push off, every location is asked for)
+        self.pushes = PushedLocations(client, job) if push else None
         self.members = 0
         self.requests = 0  # sent so far, and the asks they carried: how well ranks were grouped
         self.asks = 0
@@ -75,10 +85,30 @@ class LocationHub:
         """The answer to ``ask`` for ``step``, asked with this process' other ranks; ``poll``:
         the longest this rank may long-poll."""
         def send(asks: tuple, polls: list[float]) -> tuple:
-            return ask_sync(self.client, HostLocationRequest(
-                job=self.job, step=step, timeout=min(polls), asks=asks)).answers
+            pushes, stream = self.pushes, current_stream(self.client)
+            if pushes is not None:
+                pushes.subscribing([(a.rank, a.generation) for a in asks])
+            reply = ask_sync(self.client, HostLocationRequest(
+                job=self.job, step=step, timeout=min(polls), asks=asks,
+                client="" if pushes is None else str(self.client.id)))
+            if pushes is not None and reply.pushing:
+                pushes.subscribed([(a.rank, a.generation) for a, r in zip(asks, reply.answers)
+                                   if r.status is not Status.FAILED], stream)
+            return reply.answers
 
         return self._together(step, ask, float(poll), send)
+
+    def pushed(self, step: int, rank: int, generation: int, wait_s: float,
+               stop: threading.Event | None = None) -> tuple[BatchLocation | None, float]:
+        """``rank``'s pushed location of ``step`` (waiting up to ``wait_s`` for it) and the
+        seconds waited; None when push is off, the rank is not subscribed or none came."""
+        if self.pushes is None:
+            return None, 0.0
+        return self.pushes.take(step, rank, generation, wait_s, stop)
+
+    def pushed_waits(self, rank: int, steps: tuple[int, ...]) -> tuple[float, ...]:
+        """:meth:`PushedLocations.waits` (empty when push is off)."""
+        return () if self.pushes is None else self.pushes.waits(rank, steps)
 
     def tell(self, tell: ConsumedTell) -> None:
         """Tell ``tell`` with this process' other ranks' consumption; raises its own error."""
@@ -134,13 +164,19 @@ def hub_for(client: Any, job: str) -> LocationHub:
     with _hubs_lock:
         hub = _hubs.get(key)
         if hub is None or hub.client is not client:
-            hub = _hubs[key] = LocationHub(client, job, config.seconds("trainer.location-gather"))
+            push = bool(config.get("trainer.location-push")) and hasattr(client, "_stream_handlers")
+            hub = _hubs[key] = LocationHub(client, job, config.seconds("trainer.location-gather"),
+                                           push=push)
+            if push and PUSH_OP not in client._stream_handlers:  # one handler for all its hubs
+                client._stream_handlers[PUSH_OP] = push_handler(client, _hubs, _hubs_lock)
         hub.join()
         return hub
 
 
-def release(hub: LocationHub) -> None:
-    """A Loader leaves its hub; the last one out removes it."""
+def release(hub: LocationHub, rank: int | None = None) -> None:
+    """A Loader (of ``rank``) leaves its hub; the last one out removes it."""
+    if rank is not None and hub.pushes is not None:
+        hub.pushes.forget(rank)
     hub.leave()
     with _hubs_lock:
         key = (id(hub.client), hub.job)

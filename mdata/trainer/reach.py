@@ -15,7 +15,7 @@ import time
 
 from mdata.errors import TrainerError
 
-__all__ = ["check_listening", "REFUSED_FOR_S"]
+__all__ = ["check_listening", "connect_client", "REFUSED_FOR_S"]
 
 REFUSED_FOR_S = 5.0  # keep trying a refused address this long (a scheduler still starting)
 
@@ -53,3 +53,24 @@ def check_listening(address: str, refused_for: float = REFUSED_FOR_S) -> None:
         except OSError:  # unreachable host, DNS, a timeout: Dask's connect reports it with its timeout
             return
         time.sleep(0.25)
+
+
+def connect_client(address_or_client, timeout: float, security=None):
+    """A Dask client for a Loader: ``address_or_client`` itself when it is one (returned with
+    False: the Loader must not close it), else a new client to that address (True), after
+    :func:`check_listening` so that a wrong address fails in one line."""
+    from distributed import Client
+
+    if hasattr(address_or_client, "scheduler") and hasattr(address_or_client, "sync"):
+        return address_or_client, False
+    check_listening(str(address_or_client))  # nothing there: one line in seconds, not the timeout
+    try:
+        client = Client(address_or_client, direct_to_workers=True, timeout=timeout,
+                        set_as_default=False, security=security)
+    except OSError as exc:
+        raise TrainerError(
+            f"cannot reach the mdata scheduler at {address_or_client!r} within {timeout:.0f}s: {exc}; "
+            "check the address printed by `mdata cluster up` (or your dask scheduler) and that "
+            "this host can reach it"
+        ) from exc
+    return client, True

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from mdata.wire.codec import (
-    Handler, Message, Reader, Request, Status, check_dict, check_float, check_int, check_str,
+    Handler, Message, Reader, Request, Status, check_bool, check_dict, check_float, check_int,
+    check_list, check_str,
 )
 from mdata.errors import MdataError
 from mdata.wire.delivery import BatchLocationReply, read_told, read_waits, told_msg
@@ -56,6 +57,7 @@ class HostLocationReply(Message):
     """One :class:`~mdata.wire.delivery.BatchLocationReply` per ask, in the request's order."""
 
     answers: tuple[BatchLocationReply, ...]
+    pushing: bool = False  # the scheduler pushes the asks' later locations (mdata.wire.location_push)
 
     def to_msg(self) -> dict[str, Any]:
         shared = next((a.location.checkpoint for a in self.answers if a.location is not None), None)
@@ -66,7 +68,10 @@ class HostLocationReply(Message):
             if mine is not None and (mine is shared or mine == shared):
                 del out["checkpoint"]  # sent once, below
             answers.append(out)
-        return {"answers": answers, "checkpoint": shared}
+        out = {"answers": answers, "checkpoint": shared}
+        if self.pushing:
+            out["pushing"] = True
+        return out
 
     @classmethod
     def from_msg(cls, msg: Any) -> "HostLocationReply":
@@ -81,7 +86,7 @@ class HostLocationReply(Message):
                 value = {**value, "checkpoint": shared}
             return BatchLocationReply.from_msg(value)
 
-        out = cls(r.list("answers", answer))
+        out = cls(r.list("answers", answer), check_bool(r.raw("pushing", False), r, "pushing"))
         r.done()
         return out
 
@@ -91,7 +96,8 @@ class HostLocationRequest(Request):
     """Long poll of several ranks of one process for the same ``step``: answered when their
     batches are built (the ones ready by then; the others ``TIMEOUT``, to ask again), within
     ``timeout`` seconds. Each ask is checked on its own: a bad or stale one is answered
-    ``FAILED`` without failing the others."""
+    ``FAILED`` without failing the others. ``client``: the asking Dask client's id, to subscribe
+    it to pushed locations of the asks' ranks (:mod:`mdata.wire.location_push`); empty: none."""
 
     handler = Handler.HOST_LOCATION
     reply = HostLocationReply
@@ -100,16 +106,21 @@ class HostLocationRequest(Request):
     step: int
     timeout: float
     asks: tuple[LocationAsk, ...]
+    client: str = ""
 
     def to_msg(self) -> dict[str, Any]:
-        return {"job": self.job, "step": self.step, "timeout": self.timeout,
-                "asks": [ask.to_msg() for ask in self.asks]}
+        out = {"job": self.job, "step": self.step, "timeout": self.timeout,
+               "asks": [ask.to_msg() for ask in self.asks]}
+        if self.client:
+            out["client"] = self.client
+        return out
 
     @classmethod
     def from_msg(cls, msg: Any) -> "HostLocationRequest":
         r = Reader(cls.__name__, msg)
         out = cls(r.str("job"), r.int("step"), r.float("timeout"),
-                  r.list("asks", lambda value, _r, _name: LocationAsk.from_msg(value)))
+                  r.list("asks", lambda value, _r, _name: LocationAsk.from_msg(value)),
+                  check_str(r.raw("client", ""), r, "client"))
         r.done()
         return out
 
@@ -119,7 +130,10 @@ class ConsumedTell(Message):
     """Rank ``rank``'s training loop consumed ``steps`` (ascending; each implies its delivery);
     ``token``/``generation``: its Loader's lease; ``stalled_s`` as in
     :class:`~mdata.wire.delivery.AckRequest`; ``waits`` as in
-    :class:`~mdata.wire.delivery.BatchLocationRequest` (each step's exposed wait)."""
+    :class:`~mdata.wire.delivery.BatchLocationRequest` (each step's exposed wait: the training
+    loop's). ``waited``: per step of ``steps``, how long the rank's prefetcher waited for that
+    step's pushed location (-1: it long-polled, and the scheduler measured the wait itself);
+    empty: none told."""
 
     rank: int
     steps: tuple[int, ...]
@@ -127,12 +141,15 @@ class ConsumedTell(Message):
     generation: int = 0
     stalled_s: float = -1.0
     waits: tuple[float, ...] = ()
+    waited: tuple[float, ...] = ()
 
     def to_msg(self) -> dict[str, Any]:
         out = {"rank": self.rank, "steps": [int(s) for s in self.steps], "token": self.token,
                "generation": self.generation, "stalled_s": self.stalled_s}
         if self.waits:  # only when measured: a scheduler that predates it reads the rest
             out["waits"] = [float(w) for w in self.waits]
+        if self.waited:
+            out["waited"] = [float(w) for w in self.waited]
         return out
 
     @classmethod
@@ -143,8 +160,11 @@ class ConsumedTell(Message):
                   check_str(r.raw("token", ""), r, "token"),
                   check_int(r.raw("generation", 0), r, "generation"),
                   check_float(r.raw("stalled_s", -1.0), r, "stalled_s"),
-                  read_waits(r, steps, "steps"))
+                  read_waits(r, steps, "steps"),
+                  check_list(r.raw("waited", []), r, "waited", check_float))
         r.done()
+        if out.waited and len(out.waited) != len(out.steps):
+            raise r.fail("waited", f"has {len(out.waited)} entries for {len(out.steps)} steps")
         return out
 
 

@@ -55,6 +55,7 @@ from mdata.wire.host_location import (
     ConsumedReply, ConsumedRequest, ConsumedTell, HostLocationReply, HostLocationRequest, LocationAsk,
 )
 from mdata.wire.errors import MessageError, NoHandlerError, error_from_msg, error_to_msg
+from mdata.wire.location_push import PUSH_OP, LocationPush, PushedGroup
 from mdata.wire.timeouts import reply_timeout, within
 from mdata.wire.inspection import (
     ExactlyOnce, LineageReply, LineageRequest, StatusCounters, StatusReply,
@@ -87,6 +88,8 @@ __all__ = [
     "ReportMetricsRequest", "GetBatchRequest", "GetBatchReply",
     "HostLocationRequest", "HostLocationReply", "LocationAsk", "ConsumedRequest", "ConsumedReply",
     "ConsumedTell",
+    # pushed locations (the scheduler's stream to a client, no handler)
+    "PUSH_OP", "LocationPush", "PushedGroup",
     # trainers' leases
     "AttachRequest", "AttachReply", "DetachRequest",
     # construct

@@ -3,7 +3,9 @@
 Consumption is what moves the Planner's window; if a told step were lost, the job would stall at
 its window and the counters would say so. Steps the training loop consumed travel with the
 prefetcher's next location request when one goes out within a moment, else on their own; the
-last ones are sent when the Loader closes.
+last ones are sent when the Loader closes. With pushed locations (the default) the
+prefetcher seldom asks, so these tests turn ``mdata.trainer.location-push`` off to see the
+location requests carry consumption; tests/cluster/test_location_push.py covers the push.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import threading
 import time
 
+import dask
 import pytest
 
 from mdata.cost import AttentionCost
@@ -22,6 +25,12 @@ from mdata.trainer import Loader
 pytestmark = pytest.mark.cluster
 
 STEPS = 10
+
+
+@pytest.fixture(autouse=True)
+def long_polls():
+    with dask.config.set({"mdata.trainer.location-push": False}):
+        yield
 
 
 def test_every_consumed_step_reaches_the_planner_mostly_with_location_requests(

@@ -113,6 +113,18 @@ MESSAGES = [
                          m.BatchLocationReply(m.Status.OK, location()),
                          m.BatchLocationReply(m.Status.FAILED, reason="rank 9 is taken"))),
     m.HostLocationReply(()),
+    m.HostLocationRequest(job="pretrain", step=5, timeout=2.0, client="Client-1", asks=(
+        m.LocationAsk(rank=3, token="t0k", generation=1),)),
+    m.HostLocationReply((m.BatchLocationReply(m.Status.TIMEOUT),), pushing=True),
+    m.ConsumedRequest(job="pretrain", tells=(
+        m.ConsumedTell(rank=3, steps=(4, 5), token="t0k", generation=1, waited=(0.5, -1.0)),)),
+    m.LocationPush(job="pretrain", generation=1, groups=(
+        m.PushedGroup(5, 1, ("mdata-construct", "pretrain", 1, 5, 1), ("tcp://10.0.0.1:4000",),
+                      ((2, 0, True, True), (3, 1, False, False))),
+        m.PushedGroup(6, 0, ("mdata-construct", "pretrain", 1, 6, 0), ("tcp://10.0.0.2:4000",),
+                      ((0, 0, True, False),))),
+        checkpoints={5: checkpoint().to_dict(), 6: checkpoint().to_dict()}),
+    m.LocationPush(job="pretrain", generation=2, reset=True),
     m.ConsumedRequest(job="pretrain", tells=(
         m.ConsumedTell(rank=3, steps=(4, 5), token="t0k", generation=1, stalled_s=0.25),
         m.ConsumedTell(rank=4, steps=(5,), token="t1k", generation=1),
@@ -224,6 +236,41 @@ def test_consumption_told_by_a_loader_that_predates_waits_still_reads():
         m.ConsumedTell.from_msg({**old_tell, "waits": [0.5]})
     with pytest.raises(MessageError, match=r"LocationAsk.*'waits' has 2 values for the 1 steps"):
         m.LocationAsk.from_msg({**old_ask, "consumed": [3], "waits": [0.1, 0.2]})
+
+
+def test_a_push_gives_each_rank_the_location_a_location_request_would_have():
+    """A pushed group carries each subscribed rank's slice; the step's checkpoint travels once
+    and every rank's location reads it back whole."""
+    key = ("mdata-construct", "pretrain", 1, 5, 1)
+    push = m.LocationPush(job="pretrain", generation=1, groups=(
+        m.PushedGroup(5, 1, key, ("tcp://10.0.0.1:4000",), ((2, 0, True, True), (3, 1, False, False))),),
+        checkpoints={5: checkpoint().to_dict()})
+    back = m.LocationPush.from_msg(through_msgpack(push.to_msg()))
+    got = list(back.locations())
+    assert [(step, rank) for step, rank, _ in got] == [(5, 2), (5, 3)]
+    assert got[1][2] == m.BatchLocation(key, ("tcp://10.0.0.1:4000",), 1, False, False,
+                                        checkpoint().to_dict())
+    assert got[0][2].checkpoint is got[1][2].checkpoint  # read once for the step
+
+
+@pytest.mark.parametrize("change, field", [
+    (lambda msg: {**msg, "checkpoints": []}, "checkpoints"),  # a group's step without one
+    (lambda msg: {**msg, "groups": [{**msg["groups"][0], "ranks": [[2, 0, True]]}]}, "ranks"),
+    (lambda msg: {**msg, "checkpoints": [[5, {"step": "four"}]]}, "checkpoints"),
+    (lambda msg: {**msg, "extra": 1}, "extra"),
+])
+def test_a_malformed_push_names_its_field(change, field):
+    push = m.LocationPush(job="pretrain", generation=1, groups=(
+        m.PushedGroup(5, 1, ("mdata-construct", "pretrain", 1, 5, 1), ("tcp://10.0.0.1:4000",),
+                      ((2, 0, True, True),)),), checkpoints={5: checkpoint().to_dict()})
+    with pytest.raises(MessageError, match=field):
+        m.LocationPush.from_msg(change(push.to_msg()))
+
+
+def test_a_consumed_tell_has_one_wait_per_step_or_none():
+    msg = m.ConsumedTell(rank=3, steps=(4, 5), token="t0k", waited=(0.5, -1.0)).to_msg()
+    with pytest.raises(MessageError, match="waited"):
+        m.ConsumedTell.from_msg({**msg, "waited": [0.5]})
 
 
 def test_a_consumed_reply_carries_each_tells_error_typed():
