@@ -18,6 +18,7 @@ divided by the time at 4M tokens on the first mesh: about 2 means linear in the 
 
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 from collections import deque
@@ -31,6 +32,11 @@ from mdata.plan import Plan
 from mdata.planner import (
     BatchConsumed, ChunkLoaded, LoadChunk, PlannerState, RanksConsumed, StepReady, Tick,
 )
+
+try:  # run as a script (python benchmarks/planner.py) or as benchmarks.planner
+    from benchmarks.planner_phases import PhaseTimer, split
+except ImportError:  # pragma: no cover
+    from planner_phases import PhaseTimer, split
 
 CONTEXT = 16384
 MEAN_TOKENS = 2048  # lognormal(7.0, 1.2) capped at 16k has a mean of about 2.05k tokens
@@ -61,12 +67,19 @@ def _plan(names: list[str], mesh: ClientPlaceTree, global_batch: int, seed: int)
 
 
 def _ms_per_step(mesh: ClientPlaceTree, global_batch: int, num_sources: int, warmup: int,
-                 blocks: int, block_steps: int, seed: int = 0, bulk: bool = True) -> float:
-    """Median over ``blocks`` of the Planner's handle() time per step (ms)."""
+                 blocks: int, block_steps: int, seed: int = 0, bulk: bool = True,
+                 phases: dict[str, float] | None = None) -> float:
+    """Median over ``blocks`` of the Planner's handle() time per step (ms); ``phases``, when
+    given, receives the per-phase split (ms per step) of the median block."""
     meta = _metadata(num_sources, 4096, seed)
     names = sorted(meta)
     plan = _plan(names, mesh, global_batch, seed)
     state = PlannerState(plan, meta, job="bench", log_size=1000)
+    # the loader side's metadata and the job's setup are long-lived: out of the collector's way,
+    # as a scheduler that freezes after startup has them (what is left is the Planner's own)
+    gc.collect()
+    gc.freeze()
+    timer = PhaseTimer(state) if phases is not None else None
     ranks = sorted(r for d in range(mesh.dp) for r in mesh.receivers(d, None))
     spent = 0.0
 
@@ -79,8 +92,10 @@ def _ms_per_step(mesh: ClientPlaceTree, global_batch: int, num_sources: int, war
 
     queue = deque(handle(Tick(stimulus_id="start")))
     per_block: list[float] = []
+    splits: list[dict[str, float]] = []
     consumed = 0
     block_start = None
+    mark: dict[str, float] = {}
     total = warmup + blocks * block_steps
     while consumed < total:
         ins = queue.popleft()
@@ -98,10 +113,20 @@ def _ms_per_step(mesh: ClientPlaceTree, global_batch: int, num_sources: int, war
             consumed += 1
             if consumed == warmup:
                 block_start = spent
+                mark = timer.snapshot() if timer else {}
             elif consumed > warmup and (consumed - warmup) % block_steps == 0:
                 per_block.append((spent - block_start) / block_steps * 1e3)
+                if timer:
+                    now = timer.snapshot()
+                    splits.append(split(mark, now, spent - block_start, block_steps))
+                    mark = now
                 block_start = spent
-    return float(statistics.median(per_block))
+    gc.unfreeze()
+    median = float(statistics.median(per_block))
+    if timer:
+        timer.close()
+        phases.update(splits[per_block.index(statistics.median_high(per_block))])
+    return median
 
 
 def run(quick: bool) -> dict[str, float]:
