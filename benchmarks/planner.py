@@ -14,6 +14,15 @@ counted.
 Meshes: DP 256 x CP 4 x TP 4 (every rank of a group consumes) and DP 64 x PP 4 x CP 4 x TP 4.
 ``planner.ms_per_step_linearity`` is the time per step at twice the samples per step (8M tokens)
 divided by the time at 4M tokens on the first mesh: about 2 means linear in the batch.
+
+At scale (issue 20): ``planner.ms_per_step_16384`` is DP 1024 x CP 4 x TP 4 (16,384 GPUs) with
+1,000 sources, ``planner.ms_per_step_4096_10k_sources`` the first mesh with 10,000 sources (both
+4M tokens, 2,048 samples per step), ``planner.sources_ratio_10k_vs_1k`` the second over
+``planner.ms_per_step_4096`` (1 means flat in sources). ``planner.split_*.<phase>`` splits the
+median block of each into phases (:mod:`benchmarks.planner_phases`, ms per step). The measured
+steps are the 10th to the 60th: at 10k sources most sources are still drawn for the first time
+there, so the split shows their first shuffle window and chunk loads (``apportion``, ``chunks``,
+``loads``) as well as the steady per-step work.
 """
 
 from __future__ import annotations
@@ -140,13 +149,25 @@ def run(quick: bool) -> dict[str, float]:
     two = _ms_per_step(flat, 2 * batch, 1000, warmup, blocks, block_steps)
     pp = _ms_per_step(piped, batch, 1000, warmup, blocks, block_steps)
     trickle = _ms_per_step(flat, batch, 1000, warmup, blocks, block_steps, bulk=False)
-    return {
+    # issue 20's shapes: 16,384 GPUs with 1k sources, 4,096 GPUs with 10k sources
+    split_16k: dict[str, float] = {}
+    split_10k: dict[str, float] = {}
+    big = _ms_per_step(ClientPlaceTree(dp=1024, cp=4, tp=4), batch, 1000, warmup, blocks,
+                       block_steps, phases=split_16k)
+    many = _ms_per_step(flat, batch, 10_000, warmup, blocks, block_steps, phases=split_10k)
+    figures = {
         "planner.ms_per_step_4096": one,
         "planner.ms_per_step_4096_per_rank_acks": trickle,
         "planner.ms_per_step_4096_pp": pp,
         "planner.ms_per_step_4096_8m_tokens": two,
         "planner.ms_per_step_linearity": two / one,
+        "planner.ms_per_step_16384": big,
+        "planner.ms_per_step_4096_10k_sources": many,
+        "planner.sources_ratio_10k_vs_1k": many / one,
     }
+    figures.update({f"planner.split_16384.{k}": v for k, v in split_16k.items()})
+    figures.update({f"planner.split_4096_10k_sources.{k}": v for k, v in split_10k.items()})
+    return figures
 
 
 if __name__ == "__main__":  # pragma: no cover
