@@ -14,10 +14,20 @@ counted.
 Meshes: DP 256 x CP 4 x TP 4 (every rank of a group consumes) and DP 64 x PP 4 x CP 4 x TP 4.
 ``planner.ms_per_step_linearity`` is the time per step at twice the samples per step (8M tokens)
 divided by the time at 4M tokens on the first mesh: about 2 means linear in the batch.
+
+At scale (issue 20): ``planner.ms_per_step_16384`` is DP 1024 x CP 4 x TP 4 (16,384 GPUs) with
+1,000 sources, ``planner.ms_per_step_4096_10k_sources`` the first mesh with 10,000 sources (both
+4M tokens, 2,048 samples per step), ``planner.sources_ratio_10k_vs_1k`` the second over
+``planner.ms_per_step_4096`` (1 means flat in sources). ``planner.split_*.<phase>`` splits the
+median block of each into phases (:mod:`benchmarks.planner_phases`, ms per step). The measured
+steps are the 10th to the 60th: at 10k sources most sources are still drawn for the first time
+there, so the split shows their first shuffle window and chunk loads (``apportion``, ``chunks``,
+``loads``) as well as the steady per-step work.
 """
 
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 from collections import deque
@@ -31,6 +41,11 @@ from mdata.plan import Plan
 from mdata.planner import (
     BatchConsumed, ChunkLoaded, LoadChunk, PlannerState, RanksConsumed, StepReady, Tick,
 )
+
+try:  # run as a script (python benchmarks/planner.py) or as benchmarks.planner
+    from benchmarks.planner_phases import PhaseTimer, split
+except ImportError:  # pragma: no cover
+    from planner_phases import PhaseTimer, split
 
 CONTEXT = 16384
 MEAN_TOKENS = 2048  # lognormal(7.0, 1.2) capped at 16k has a mean of about 2.05k tokens
@@ -61,12 +76,19 @@ def _plan(names: list[str], mesh: ClientPlaceTree, global_batch: int, seed: int)
 
 
 def _ms_per_step(mesh: ClientPlaceTree, global_batch: int, num_sources: int, warmup: int,
-                 blocks: int, block_steps: int, seed: int = 0, bulk: bool = True) -> float:
-    """Median over ``blocks`` of the Planner's handle() time per step (ms)."""
+                 blocks: int, block_steps: int, seed: int = 0, bulk: bool = True,
+                 phases: dict[str, float] | None = None) -> float:
+    """Median over ``blocks`` of the Planner's handle() time per step (ms); ``phases``, when
+    given, receives the per-phase split (ms per step) of the median block."""
     meta = _metadata(num_sources, 4096, seed)
     names = sorted(meta)
     plan = _plan(names, mesh, global_batch, seed)
     state = PlannerState(plan, meta, job="bench", log_size=1000)
+    # the loader side's metadata and the job's setup are long-lived: out of the collector's way,
+    # as a scheduler that freezes after startup has them (what is left is the Planner's own)
+    gc.collect()
+    gc.freeze()
+    timer = PhaseTimer(state) if phases is not None else None
     ranks = sorted(r for d in range(mesh.dp) for r in mesh.receivers(d, None))
     spent = 0.0
 
@@ -79,8 +101,10 @@ def _ms_per_step(mesh: ClientPlaceTree, global_batch: int, num_sources: int, war
 
     queue = deque(handle(Tick(stimulus_id="start")))
     per_block: list[float] = []
+    splits: list[dict[str, float]] = []
     consumed = 0
     block_start = None
+    mark: dict[str, float] = {}
     total = warmup + blocks * block_steps
     while consumed < total:
         ins = queue.popleft()
@@ -98,10 +122,20 @@ def _ms_per_step(mesh: ClientPlaceTree, global_batch: int, num_sources: int, war
             consumed += 1
             if consumed == warmup:
                 block_start = spent
+                mark = timer.snapshot() if timer else {}
             elif consumed > warmup and (consumed - warmup) % block_steps == 0:
                 per_block.append((spent - block_start) / block_steps * 1e3)
+                if timer:
+                    now = timer.snapshot()
+                    splits.append(split(mark, now, spent - block_start, block_steps))
+                    mark = now
                 block_start = spent
-    return float(statistics.median(per_block))
+    gc.unfreeze()
+    median = float(statistics.median(per_block))
+    if timer:
+        timer.close()
+        phases.update(splits[per_block.index(statistics.median_high(per_block))])
+    return median
 
 
 def run(quick: bool) -> dict[str, float]:
@@ -115,13 +149,25 @@ def run(quick: bool) -> dict[str, float]:
     two = _ms_per_step(flat, 2 * batch, 1000, warmup, blocks, block_steps)
     pp = _ms_per_step(piped, batch, 1000, warmup, blocks, block_steps)
     trickle = _ms_per_step(flat, batch, 1000, warmup, blocks, block_steps, bulk=False)
-    return {
+    # issue 20's shapes: 16,384 GPUs with 1k sources, 4,096 GPUs with 10k sources
+    split_16k: dict[str, float] = {}
+    split_10k: dict[str, float] = {}
+    big = _ms_per_step(ClientPlaceTree(dp=1024, cp=4, tp=4), batch, 1000, warmup, blocks,
+                       block_steps, phases=split_16k)
+    many = _ms_per_step(flat, batch, 10_000, warmup, blocks, block_steps, phases=split_10k)
+    figures = {
         "planner.ms_per_step_4096": one,
         "planner.ms_per_step_4096_per_rank_acks": trickle,
         "planner.ms_per_step_4096_pp": pp,
         "planner.ms_per_step_4096_8m_tokens": two,
         "planner.ms_per_step_linearity": two / one,
+        "planner.ms_per_step_16384": big,
+        "planner.ms_per_step_4096_10k_sources": many,
+        "planner.sources_ratio_10k_vs_1k": many / one,
     }
+    figures.update({f"planner.split_16384.{k}": v for k, v in split_16k.items()})
+    figures.update({f"planner.split_4096_10k_sources.{k}": v for k, v in split_10k.items()})
+    return figures
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -51,6 +51,19 @@ class ColumnTable:
         self._n = stop
         return start, stop
 
+    def append_row(self, *values: int) -> int:
+        """Append one row, ``values`` in column order (no checks, no broadcasting): the path of
+        events that come one at a time by the thousand, e.g. a chunk load each; returns its index."""
+        i = self._n
+        cols = self._cols
+        if i >= next(iter(cols.values())).size:
+            self.append(**dict(zip(cols, values)))
+            return i
+        for col, value in zip(cols.values(), values):
+            col[i] = value
+        self._n = i + 1
+        return i
+
     def keep(self, mask: np.ndarray) -> None:
         """Keep only the rows where ``mask`` is true (in place, order preserved)."""
         kept = int(np.count_nonzero(mask))

@@ -175,7 +175,7 @@ class DGraph:
         if w is None:
             w = self._worker_index[worker] = len(self._workers)
             self._workers.append(worker)
-        self.loads.append(source_index=source_index, chunk_id=chunk_id, worker=w, seq=self._next_seq())
+        self.loads.append_row(source_index, chunk_id, w, self._next_seq())  # LOAD_COLUMNS' order
 
     def record_step(
         self,

@@ -382,9 +382,7 @@ class ExactApportioner:
         if remaining > 0:
             frac = desired - base
             frac[desired < 0] = -1.0  # debtors never get a bonus while others can take it
-            # stable sort on -frac: the largest remainders first, ties to the lower index
-            order = np.argsort(-frac, kind="stable")
-            base[order[:remaining]] += 1.0
+            base[_largest(frac, remaining)] += 1.0
         elif remaining < 0:
             # Only reachable when many sources carry debts at once: take the surplus back from
             # the smallest fractional parts, which moves the fewest targets furthest.
@@ -407,3 +405,14 @@ class ExactApportioner:
                 f"apportioner state has {carry.shape[0]} carries for {self.num_sources} sources"
             )
         self.carry = carry.copy()
+
+
+def _largest(values: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the ``k`` largest values, ties to the lower index: the first ``k`` of a stable
+    argsort of ``-values`` as a set, in O(n) (that sort was most of apportioning 10k sources)."""
+    n = values.size
+    if k <= 0 or k >= n:
+        return np.arange(min(max(k, 0), n))
+    kth = np.partition(values, n - k)[n - k]  # the k-th largest value
+    above = np.flatnonzero(values > kth)
+    return np.concatenate([above, np.flatnonzero(values == kth)[: k - above.size]])

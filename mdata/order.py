@@ -309,6 +309,17 @@ class SourceOrder:
             return Taken(empty, empty, empty)
         return Taken(*(np.concatenate(cols) for cols in zip(*parts)))
 
+    def last_window(self) -> tuple[int, int, Taken]:
+        """The window :meth:`take` read last: its first and one-past-last absolute cursors and
+        its samples (read-only views), so a caller taking many sources at once can slice it
+        itself while its cursor stays inside (``(0, 0, empty)`` before any take)."""
+        if self._last is None:
+            empty = np.zeros(0, dtype=np.int64)
+            return 0, 0, Taken(empty, empty, empty)
+        epoch, win = self._last
+        base = self.epoch_start(epoch)
+        return base + win.lo, base + win.hi, Taken(win.shards, win.rows, win.chunk_ids)
+
     def window_span(self, cursor: int) -> tuple[int, int, frozenset[int]]:
         """The shuffle window holding ``cursor``: its first and one-past-last cursor positions
         (absolute, in the infinite sequence) and the ids of its chunks.

@@ -104,6 +104,8 @@ class Provisioner:
         self.pinned: dict[int, np.ndarray] = {}  # weights a checkpoint decided for later steps
         self.cursor = np.zeros(S, np.int64)
         self.last_weights = np.zeros(S)
+        #: per source, the window its order read last: (first cursor, end cursor, samples)
+        self._windows = [order.last_window() for order in orders]
 
     def observe(self, step: int, rank: int, metrics: Mapping[str, float]) -> None:
         """A trainer's metrics, for a metric-driven mixture policy (others ignore them)."""
@@ -134,21 +136,40 @@ class Provisioner:
             st.taken = self.take(st.prov_start, st.counts)
 
     def take(self, starts: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, ...]:
-        """Samples at ``starts[i] ..`` of every source: (src, shard, row, chunk, cursor) arrays."""
+        """Samples at ``starts[i] ..`` of every source: (src, shard, row, chunk, cursor) arrays.
+
+        Most sources' samples lie inside the shuffle window their order read last: those are
+        sliced from it here (``_windows``), and only a source that crosses into another window
+        asks its order (a call of :meth:`~mdata.order.SourceOrder.take` per source and step was
+        most of the apportioning time at thousands of sources).
+        """
         nz = np.flatnonzero(counts)
-        parts = [self.orders[i].take(int(starts[i]), int(counts[i])) for i in nz.tolist()]
         c = counts[nz]
         total = int(c.sum())
         src = np.repeat(nz, c)
         first = np.cumsum(c) - c
         cursor = np.repeat(starts[nz] - first, c) + np.arange(total)
-        if not parts:
+        if not nz.size:
             empty = np.zeros(0, np.int64)
             return empty, empty, empty, empty, empty
-        shard = np.concatenate([p.shards for p in parts])
-        row = np.concatenate([p.rows for p in parts])
-        chunk = np.concatenate([p.chunk_ids for p in parts])
-        return src, shard, row, chunk, cursor
+        shard: list[np.ndarray] = []
+        row: list[np.ndarray] = []
+        chunk: list[np.ndarray] = []
+        windows, orders = self._windows, self.orders
+        for i, p, n in zip(nz.tolist(), starts[nz].tolist(), c.tolist()):
+            lo, hi, win = windows[i]
+            if lo <= p and p + n <= hi:
+                a = p - lo
+                shard.append(win.shards[a:a + n])
+                row.append(win.rows[a:a + n])
+                chunk.append(win.chunk_ids[a:a + n])
+                continue
+            part = orders[i].take(p, n)
+            windows[i] = orders[i].last_window()
+            shard.append(part.shards)
+            row.append(part.rows)
+            chunk.append(part.chunk_ids)
+        return src, np.concatenate(shard), np.concatenate(row), np.concatenate(chunk), cursor
 
     # -- checkpoints ---------------------------------------------------------------------------
     def mixture_state(self, step: int, planned: Mapping[int, np.ndarray]) -> dict[str, Any]:

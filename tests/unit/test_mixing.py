@@ -212,3 +212,18 @@ def test_apportioner_rejects_wrong_weight_count():
     with pytest.raises(PlanError, match="global batch must be >= 1"):
         ExactApportioner(3, 0)
     assert math.isclose(float(ExactApportioner(2, 5).carry.sum()), 0.0)
+
+
+def test_largest_remainders_are_the_stable_sorts_first_k():
+    """ExactApportioner's O(S) pick of the largest remainders is the same set as the first k of
+    a stable argsort of their negation, ties (many equal remainders) to the lower index."""
+    from mdata.mixing import _largest
+
+    rng = np.random.default_rng(7)
+    for trial in range(2000):
+        n = int(rng.integers(1, 60))
+        values = (rng.integers(-2, 4, n) / 2.0) if trial % 2 else rng.random(n)
+        k = int(rng.integers(0, n + 2))
+        got = _largest(values, k).tolist()
+        assert len(got) == len(set(got)) == min(k, n)
+        assert set(got) == set(np.argsort(-values, kind="stable")[:k].tolist())
