@@ -38,14 +38,14 @@ def layer_split(model: VLM, pp: int, vit_per_layer: float) -> tuple[int, ...]:
     layers = model.llm_layers
     if pp == 1:
         return (layers,)
-    best: tuple[float, tuple[int, ...]] | None = None
+    best: tuple[tuple[float, float], tuple[int, ...]] | None = None
     for first in range(layers - pp + 2):  # every later stage keeps at least one layer
-        rest = layers - first
-        q, r = divmod(rest, pp - 1)
+        q, r = divmod(layers - first, pp - 1)
         split = (first, *([q + 1] * r), *([q] * (pp - 1 - r)))
-        worst = max(first + vit_per_layer, q + (1 if r else 0))
-        if best is None or worst < best[0]:
-            best = (worst, split)
+        # the least busiest stage; among equals the least idle one (the largest least stage)
+        key = (max(first + vit_per_layer, q + (1 if r else 0)), -min(first + vit_per_layer, q))
+        if best is None or key < best[0]:
+            best = (key, split)
     assert best is not None
     return best[1]
 
