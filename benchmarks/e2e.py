@@ -15,8 +15,9 @@ the example corpus, photos decoded at native size), same trainer model
    cores; simulated compute is dilated by the ratio of the real node's loader cores for the
    simulated GPUs to the cores here, so loaders face the work per second they would face there.
 2. **At scale, on paper** (``e2e.ratio.<baseline>.<regime>``, ``benchmarks/e2e_scale.py``):
-   ``benchmarks/e2e_sim.py`` at 1,024 to 8,192 GPUs with the real Planner beside three
-   baselines (``benchmarks/e2e_baselines.py``: ``dataloader``, ``megatron``, ``local_best``)
+   ``benchmarks/e2e_sim.py`` at 1,024 to 8,192 GPUs with the real Planner beside four
+   baselines (``benchmarks/e2e_baselines.py``: ``dataloader``, ``megatron``, ``local_best``,
+   ``bridge``)
    at equal work, several seeds, and mdata over the ideal (``e2e.vs_ideal.<regime>``).
 
 Throughput is tokens per simulated second (image tokens included, padding not); the ratio is

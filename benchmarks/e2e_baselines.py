@@ -21,13 +21,19 @@ of its samples) and fills exactly the same number of micro-batches per rank.
   packing and the micro-batch order for 1F1B) on that rank's samples only. The ratio of mdata
   over ``local_best`` is what the global view earns.
 
+* ``bridge`` (Megatron-Bridge's global-batch packing): ``megatron``'s draws, their lengths
+  all-gathered and packed together into the step's ``dp x m`` sequences (token-balanced),
+  shuffled and dealt ``m`` to a rank; each rank orders its own for 1F1B by cost. A global view
+  of tokens, not of FLOPs: the ratio over it is what planning by cost earns.
+
 Where each loads (stalls, ``benchmarks/e2e_sim.py``): ``dataloader`` on every GPU with its own
-cores; ``megatron`` and ``local_best`` on TP rank 0 with its TP group's cores, every CP rank and
-the first pipeline stage (the last stage needs labels only, cheap and on other cores).
+cores; the others on TP rank 0 with its TP group's cores, every CP rank and the first pipeline
+stage (the last stage needs labels only, cheap and on other cores).
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -39,7 +45,7 @@ from mdata.metadata import SourceMetadata
 
 __all__ = ["BASELINES", "Draw", "baseline_steps", "blend_index"]
 
-BASELINES = ("dataloader", "megatron", "local_best")
+BASELINES = ("dataloader", "megatron", "local_best", "bridge")
 
 #: One rank's step: per micro-batch (tokens, patches) per sample, and the sources of its samples.
 RankStep = tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray]
@@ -136,16 +142,16 @@ def _stream(rows, src: np.ndarray, rng: np.random.Generator) -> Draw:
 
 def _token_pack(items, m: int, cap: int):
     """Longest first into the micro-batch with the fewest tokens; what fits nowhere is left."""
-    bins: list[list[tuple[int, int, int]]] = [[] for _ in range(m)]
-    used = [0] * m
+    bins: list[list[tuple[int, ...]]] = [[] for _ in range(m)]
+    heap = [(0, b) for b in range(m)]  # (tokens, bin): the emptiest on top
     left = []
     for item in sorted(items, key=lambda x: -x[1]):
-        b = min(range(m), key=used.__getitem__)
-        if used[b] + item[1] > cap:
+        used, b = heap[0]
+        if used + item[1] > cap:
             left.append(item)
             continue
         bins[b].append(item)
-        used[b] += item[1]
+        heapq.heapreplace(heap, (used + item[1], b))
     return bins, left
 
 
@@ -209,4 +215,34 @@ def baseline_steps(meta: Mapping[str, SourceMetadata], weights: Mapping[str, flo
             arrival = rng.permutation(m)  # packed sequences leave the buffer in no cost order
             out["megatron"][s][r] = _as_step([bins[i] for i in arrival.tolist()])
             out["local_best"][s][r] = _as_step(_local_best(bins, cost_fn, m, cap, pp, tally))
+    _bridge(out["bridge"], blend, blocks, step_tokens, m, cap, pp, seed, cost_fn)
     return out
+
+
+def _bridge(out: list[list], blend: Draw, blocks: np.ndarray, step_tokens: Sequence[float], m: int,
+            cap: int, pp: int, seed: int, cost_fn) -> None:
+    """Megatron-Bridge's global-batch packing: every rank draws as ``megatron`` does, the step's
+    lengths are all-gathered and packed together (token-balanced) into ``dp x m`` sequences,
+    shuffled and dealt ``m`` to a rank; each rank orders its own for 1F1B by cost."""
+    dp = len(out[0])
+    rng = np.random.default_rng((seed, 1 << 21))
+    draws = [Draw(blend.src[b], blend.tok[b], blend.pat[b]) for b in (blocks[r::dp].ravel() for r in range(dp))]
+    owed = [0.0] * dp
+    for s in range(len(step_tokens)):
+        pooled = [(*x, r) for r, d in enumerate(draws) for x in d.budget(step_tokens[s] / dp + owed[r])]
+        bins, left = _token_pack(pooled, dp * m, cap)
+        for r in range(dp):
+            draws[r].put_back([x[:3] for x in left if x[3] == r])
+        placed = np.zeros(dp)
+        for b in bins:
+            for x in b:
+                placed[x[3]] += x[1]
+        for r in range(dp):
+            owed[r] += step_tokens[s] / dp - placed[r]
+        dealt = [bins[i] for i in rng.permutation(dp * m).tolist()]
+        for r in range(dp):
+            mine = dealt[r * m:(r + 1) * m]
+            cost = np.array([[float(np.sum(cost_fn(np.array([x[1] for x in b], np.int64),
+                                                   np.array([x[2] for x in b], np.int64))))
+                              for b in mine]])
+            out[s][r] = _as_step([mine[i] for i in order_micro_batches(cost, pp)[0].tolist()])

@@ -1,4 +1,4 @@
-"""The end-to-end benchmark's at-scale figures: mdata beside three baselines, per regime, seeds.
+"""The end-to-end benchmark's at-scale figures: mdata beside four baselines, per regime, seeds.
 
 Why a module of its own: ``benchmarks/e2e.py`` runs the processes; this turns
 :func:`benchmarks.e2e_sim.simulate` into the figures ``docs/benchmarks-e2e.md`` reports, all
@@ -37,7 +37,7 @@ REGIMES: dict[str, Setup] = {
 HEADLINE_GPUS = 1024
 MORE_GPUS = (4096, 8192)
 GOALS = {"local_best": ">= 1.0 (what the global view earns)", "megatron": "report what comes out",
-         "dataloader": "report what comes out"}
+         "dataloader": "report what comes out", "bridge": "report what comes out"}
 
 
 def regime_runs(setup: Setup, meta: Mapping[str, SourceMetadata], cost: Mapping[str, float],

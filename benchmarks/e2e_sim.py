@@ -12,7 +12,7 @@ same loader CPU budget per GPU (:class:`~benchmarks.e2e_model.Node`) and **the s
   ``ConstructBatch`` it would receive. Loading is spread over every node's loader cores, each
   sample loaded once.
 * **the baselines** (``benchmarks/e2e_baselines.py``: ``dataloader``, ``megatron``,
-  ``local_best``): each step every rank takes ``1 / dp`` of the tokens of mdata's step
+  ``local_best``, ``bridge``): each step every rank takes ``1 / dp`` of the tokens of mdata's step
   (``dataloader``: of its samples) into the same number of micro-batches per rank.
 
 A step lasts as long as the slowest DP rank's pipeline, plus the loaders' shortfall when they
@@ -211,7 +211,7 @@ def ratio_breakdown(ours: Mapping[str, float], base: Mapping[str, float]) -> dic
 
 def simulate(setup: Setup, meta: Mapping[str, SourceMetadata], loader_cost: Mapping[str, float],
              steps: int) -> dict[str, dict]:
-    """mdata, the three baselines and the ideal over ``steps`` steps of ``setup``.
+    """mdata, the baselines and the ideal over ``steps`` steps of ``setup``.
 
     Returns per side (``mdata``, each of :data:`~benchmarks.e2e_baselines.BASELINES`) its summed
     step parts and tokens; ``ratio[name]`` (mdata over that baseline, with its factors and

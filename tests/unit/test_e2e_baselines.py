@@ -45,7 +45,7 @@ def test_baselines_do_mdatas_work_in_the_same_micro_batches(seed: int) -> None:
             assert len(ranks) == dp
             assert all(len(mbs) == m for mbs, _ in ranks), name
     # Token budgets: each step within a sample per rank, the run within 1%.
-    for name in ("megatron", "local_best"):
+    for name in ("megatron", "local_best", "bridge"):
         got = [sum(float(t.sum()) for mbs, _ in ranks for t, _ in mbs) for ranks in out[name]]
         assert sum(got) == pytest.approx(sum(step_tokens), rel=0.01)
         assert all(t.sum() <= cap for ranks in out[name] for mbs, _ in ranks for t, _ in mbs)

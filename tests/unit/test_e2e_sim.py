@@ -52,7 +52,7 @@ def test_identical_samples_leave_nothing_to_gain() -> None:
     out = simulate(setup, meta, {"text": 1e-4}, steps=2)
     assert out["shape"]["global_batch"] == 16 * 4 * 7
     assert out["vs_ideal"] == pytest.approx(1.0)
-    for name in ("megatron", "local_best"):
+    for name in ("megatron", "local_best", "bridge"):
         assert out["ratio"][name]["ratio"] == pytest.approx(1.0)
 
 
