@@ -17,8 +17,7 @@ the example corpus, photos decoded at native size), same trainer model
 2. **At scale, on paper** (``e2e.ratio.<baseline>.<regime>``, ``benchmarks/e2e_scale.py``):
    ``benchmarks/e2e_sim.py`` at 1,024 to 8,192 GPUs with the real Planner beside four
    baselines (``benchmarks/e2e_baselines.py``: ``dataloader``, ``megatron``, ``local_best``,
-   ``bridge``)
-   at equal work, several seeds, and mdata over the ideal (``e2e.vs_ideal.<regime>``).
+   ``bridge``) at equal work, several seeds, and mdata over the ideal (``e2e.vs_ideal.<regime>``).
 
 Throughput is tokens per simulated second (image tokens included, padding not); the ratio is
 split into factors whose product it is: balance (slowest over mean DP rank work), pipeline

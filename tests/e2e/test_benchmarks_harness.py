@@ -60,7 +60,7 @@ def test_quick_run_reports_end_to_end_figures(tmp_path: Path) -> None:
     assert abs(product - figures["e2e.tokens_per_s.ratio"]) < 1e-6 * product
     # At scale: every baseline in every regime, at equal work, and mdata beside the ideal.
     for regime in ("vlm", "text8k"):
-        for baseline in ("dataloader", "megatron", "local_best"):
+        for baseline in ("dataloader", "megatron", "local_best", "bridge"):
             assert figures[f"e2e.ratio.{baseline}.{regime}"] > 0
             assert 0.97 < figures[f"e2e.tokens_per_step_ratio.{baseline}.{regime}"] < 1.03
             assert figures[f"e2e.micro_batches.{baseline}.{regime}"] == \
