@@ -14,8 +14,10 @@ the example corpus, photos decoded at native size), same trainer model
    of a real cluster (Planner, loader pools, a constructor). Both budgets are this machine's
    cores; simulated compute is dilated by the ratio of the real node's loader cores for the
    simulated GPUs to the cores here, so loaders face the work per second they would face there.
-2. **At scale, on paper** (``e2e.sim_ratio_<gpus>``): ``benchmarks/e2e_sim.py`` at 1,024 to
-   8,192 GPUs with the real Planner, plus a one-parameter-at-a-time sensitivity sweep.
+2. **At scale, on paper** (``e2e.ratio.<baseline>.<regime>``, ``benchmarks/e2e_scale.py``):
+   ``benchmarks/e2e_sim.py`` at 1,024 to 8,192 GPUs with the real Planner beside four
+   baselines (``benchmarks/e2e_baselines.py``: ``dataloader``, ``megatron``, ``local_best``,
+   ``bridge``) at equal work, several seeds, and mdata over the ideal (``e2e.vs_ideal.<regime>``).
 
 Throughput is tokens per simulated second (image tokens included, padding not); the ratio is
 split into factors whose product it is: balance (slowest over mean DP rank work), pipeline
@@ -35,12 +37,12 @@ import numpy as np
 from benchmarks.baseline import IMAGE_TOKEN_ID, MixingPackingDataset, make_loader
 from benchmarks.e2e_data import E2E_DIR, WEIGHTS, e2e_metadata, e2e_sources, loader_cost_per_sample
 from benchmarks.e2e_model import GPU, MODELS, Node, VLM, planner_cost, one_f_one_b, stage_seconds
-from benchmarks.e2e_sim import Setup, mean_tokens, ratio_breakdown, simulate_both, stage_aware_seconds
+from benchmarks.e2e_scale import at_scale_figures
+from benchmarks.e2e_sim import Setup, mean_tokens, ratio_breakdown, simulate
 from benchmarks.harness import figure
 
 __all__ = ["ProcessRun", "run", "run_processes"]
 
-SIM_GPUS = (1024, 2048, 4096, 8192)
 #: Cumulative (simulated seconds, tokens) of the last process run, for plots_e2e.py.
 _CURVES: dict[str, list] = {}
 CURVES_FILE = E2E_DIR / "last-run-curves.json"
@@ -153,7 +155,7 @@ def _plan(cfg: ProcessRun, sources, meta):
     from mdata.plan import Plan
 
     setup = Setup(model=cfg.model, gpus=cfg.gpus, tp=1, pp=cfg.pp, cp=1, max_tokens=cfg.max_tokens,
-                  tokens_per_step=cfg.dp * cfg.micro_batches * cfg.max_tokens, weights=WEIGHTS)
+                  micro_batches=cfg.micro_batches, fill=1.0, weights=WEIGHTS)
     global_batch = max(cfg.dp, int(round(setup.tokens_per_step / mean_tokens(setup, meta))))
     return (Plan(sources).mix(WEIGHTS).cost(planner_cost(cfg.model))
             .balance(micro_batches=cfg.micro_batches, max_tokens=cfg.max_tokens,
@@ -272,28 +274,18 @@ def run_processes(cfg: ProcessRun) -> dict[str, dict]:
     return out
 
 
-
-def _sweep(base: Setup, meta, cost, steps: int, quick: bool = False) -> dict[str, float]:
-    """One parameter at a time around ``base``: the ratio under each change (quick: three)."""
-    text_only = {n: (1.0 if n in ("books", "code", "scenes") else 0.0) for n in WEIGHTS}
-    changes = {
-        "model_0.5b": dict(model=MODELS["llava-ov-0.5b"]),
-        "model_72b": dict(model=MODELS["llava-ov-72b"], tp=8),
-        "pp_2": dict(pp=2), "pp_8": dict(pp=8),
-        "tokens_per_step_4m": dict(tokens_per_step=4 << 20),
-        "tokens_per_step_64m": dict(tokens_per_step=64 << 20),
-        "mfu_0.2": dict(gpu=replace(base.gpu, mfu=0.2)), "mfu_0.6": dict(gpu=replace(base.gpu, mfu=0.6)),
-        "loader_cores_per_gpu_1": dict(node=replace(base.node, trainer_cores_per_gpu=13.0)),
-        "text_only_mix": dict(weights=text_only),
-        # where loading can matter at all: a small model on a node with few cores per GPU
-        "model_0.5b_loader_cores_per_gpu_1": dict(model=MODELS["llava-ov-0.5b"],
-                                                  node=replace(base.node, trainer_cores_per_gpu=13.0)),
-    }
-    if quick:
-        changes = {k: changes[k] for k in ("model_0.5b", "text_only_mix")}
-    out = {"default": simulate_both(base, meta, cost, steps)["ratio"]["ratio"]}
-    for name, change in changes.items():
-        out[name] = simulate_both(replace(base, **change), meta, cost, steps)["ratio"]["ratio"]
+def _stage_aware_figures(meta, cost, quick: bool) -> dict[str, object]:
+    """mdata's step seconds with the Planner balancing every pipeline stage (module costs) against
+    balancing one scalar cost, same draw, same simulated trainer (1,024 GPUs)."""
+    steps, out = (2 if quick else 4), {}
+    for pp in ((8,) if quick else (4, 8)):
+        s = Setup(weights=WEIGHTS, pp=pp)
+        by_stage = simulate(replace(s, by_stage=True), meta, cost, steps)["mdata"]["step"]
+        scalar = simulate(s, meta, cost, steps)["mdata"]["step"]
+        out[f"e2e.stage_aware_gain_pp{pp}"] = figure(
+            by_stage, scalar, unit="s", goal="> 1 (ratio)",
+            note=(f"sim at {s.gpus} GPUs, dp {s.dp} x tp {s.tp} x pp {pp} x cp {s.cp}, {steps} steps: "
+                  "summed step seconds, ModuleCost (balance by stage) vs CombinedCost (scalar)"))
     return out
 
 
@@ -327,30 +319,8 @@ def run(quick: bool) -> dict[str, object]:
     CURVES_FILE.parent.mkdir(parents=True, exist_ok=True)
     CURVES_FILE.write_text(json.dumps(_CURVES))
 
-    steps = 2 if quick else 4
-    default = Setup(weights=WEIGHTS)
-    for gpus in SIM_GPUS[:2] if quick else SIM_GPUS:
-        res = simulate_both(replace(default, gpus=gpus), meta, cost, steps)
-        r = res["ratio"]
-        s = replace(default, gpus=gpus)
-        figures[f"e2e.sim_ratio_{gpus}"] = figure(
-            r["ratio"], goal="reference design: up to 4.5x",
-            note=(f"{s.model.name}, dp {s.dp} x tp {s.tp} x pp {s.pp} x cp {s.cp}, "
-                  f"{s.micro_batches} x {s.max_tokens} tokens/DP rank, {steps} steps; balance "
-                  f"{r['balance']:.3f}, bubbles {r['bubbles']:.3f}, stalls {r['data_stalls']:.3f}, "
-                  f"flops/token {r['flops_per_token']:.3f}"))
-        for part in ("balance", "bubbles", "data_stalls", "flops_per_token"):
-            figures[f"e2e.sim_breakdown_{gpus}.{part}"] = r[part]
-    for pp in (4, 8):  # module costs: the Planner balances every pipeline stage
-        s = replace(default, pp=pp)
-        by_stage, scalar = stage_aware_seconds(s, meta, cost, steps)
-        figures[f"e2e.stage_aware_gain_pp{pp}"] = figure(
-            by_stage, scalar, unit="s", goal="> 1 (ratio)",
-            note=(f"sim at {s.gpus} GPUs, dp {s.dp} x tp {s.tp} x pp {pp} x cp {s.cp}, "
-                  f"{steps} steps: summed step seconds, ModuleCost (balance by stage) vs "
-                  "CombinedCost (scalar, pipeline-aware)"))
-    for name, ratio in _sweep(default, meta, cost, 1 if quick else 2, quick).items():
-        figures[f"e2e.sensitivity.{name}"] = figure(ratio, note="sim ratio at 1,024 GPUs, one change")
+    figures.update(at_scale_figures(meta, cost, quick))
+    figures.update(_stage_aware_figures(meta, cost, quick))
     for name, c in cost.items():
         figures[f"e2e.loader_cpu_ms_per_sample.{name}"] = 1e3 * c
     return figures

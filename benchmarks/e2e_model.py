@@ -143,19 +143,27 @@ class PipelineTimes:
 
 
 def stage_seconds(micro_batches: Sequence[tuple[np.ndarray, np.ndarray]], model: VLM, gpu: GPU, *,
-                  pp: int, tp: int = 1, cp: int = 1) -> PipelineTimes:
+                  pp: int, tp: int = 1, cp: int = 1,
+                  layers: Sequence[int] | None = None) -> PipelineTimes:
     """Per-stage times of each micro-batch, given per micro-batch ``(tokens, patches)`` per document.
 
-    The language model's layers are split evenly over ``pp`` stages; the vision encoder runs on
-    stage 0; a stage's FLOPs are spread over its ``tp * cp`` GPUs. Backward costs twice forward
-    (the 6 = 2 forward + 4 backward of the FLOP count).
+    The language model's layers are split over ``pp`` stages, ``layers[s]`` on stage ``s``
+    (default: evenly; ``benchmarks/e2e_pipeline.py``'s ``layer_split`` balances the stages); the
+    vision encoder runs on stage 0; a stage's FLOPs are spread over its ``tp * cp`` GPUs.
+    Backward costs twice forward (the 6 = 2 forward + 4 backward of the FLOP count).
     """
     if pp < 1 or tp < 1 or cp < 1:
         raise ValueError(f"pp, tp and cp must be >= 1, got {pp}, {tp}, {cp}")
+    if layers is None:
+        share = np.full(pp, 1.0 / pp)
+    else:
+        if len(layers) != pp or sum(layers) != model.llm_layers:
+            raise ValueError(f"layers {tuple(layers)} must be {pp} counts summing to {model.llm_layers}")
+        share = np.asarray(layers, dtype=np.float64) / model.llm_layers
     m = len(micro_batches)
     total = np.zeros((m, pp), dtype=np.float64)
     for i, (tokens, patches) in enumerate(micro_batches):
-        total[i, :] = model.llm_flops(tokens).sum() / pp
+        total[i, :] = model.llm_flops(tokens).sum() * share
         total[i, 0] += model.vit_flops(patches).sum()
     seconds = total / (gpu.flops_per_s * tp * cp)
     return PipelineTimes(forward=seconds / 3.0, backward=2.0 * seconds / 3.0)

@@ -1,34 +1,40 @@
 """The end-to-end benchmark at scale, on paper: thousands of GPUs, no processes.
 
-Both systems get the same data (the e2e mix's real per-row token and patch counts,
-``benchmarks/e2e_data.py``), the same trainer (``benchmarks/e2e_model.py``) and the same loader
-CPU budget per GPU (:class:`~benchmarks.e2e_model.Node`):
+Every system gets the same data (the e2e mix's real per-row token and patch counts,
+``benchmarks/e2e_data.py``), the same trainer (``benchmarks/e2e_model.py``), the same pipeline
+(``benchmarks/e2e_pipeline.py``: layers split so the stages are even with the vision encoder on
+the first, 1F1B or interleaved 1F1B, the gradient all-reduce and optimizer in every step), the
+same loader CPU budget per GPU (:class:`~benchmarks.e2e_model.Node`) and **the same work**:
 
 * **mdata**: the real Planner (:class:`~mdata.planner.state.PlannerState`, driven as
-  :func:`mdata.planner.simulate` drives it) plans every step; each DP rank's micro-batches are
-  exactly the ``ConstructBatch`` it would receive. Loading is spread over every node's loader
-  cores, each sample loaded once.
-* **baseline** (Megatron-LM's layout): every DP rank packs its own ``micro_batches`` sequences
-  next-fit from its own seeded, weighted stream (samples longer than the context are cut). TP
-  rank 0 loads for its TP group and may use the whole group's cores; every CP rank loads the whole
-  sequence; the first and the last pipeline stage both load. So each DP group's data is loaded
-  ``cp * min(pp, 2)`` times, each time on ``tp`` GPUs' worth of cores.
+  :func:`mdata.planner.simulate` drives it) plans every step's global batch (sized to the step's
+  token budget from the mix's mean tokens); each DP rank's micro-batches are exactly the
+  ``ConstructBatch`` it would receive. Loading is spread over every node's loader cores, each
+  sample loaded once.
+* **the baselines** (``benchmarks/e2e_baselines.py``: ``dataloader``, ``megatron``,
+  ``local_best``, ``bridge``): each step every rank takes ``1 / dp`` of the tokens of mdata's step
+  (``dataloader``: of its samples) into the same number of micro-batches per rank.
 
-A step lasts as long as the slowest DP rank's 1F1B pipeline, or as long as the slowest loader
-needs for its share of the step when that is longer (loaders run ahead of compute; whatever
-they cannot hide is a data stall). Loader cost per sample is CPU seconds per source measured
-here on one core (:func:`~benchmarks.e2e_data.loader_cost_per_sample`).
+A step lasts as long as the slowest DP rank's pipeline, plus the loaders' shortfall when they
+need longer than that for the step's share (loaders run ahead of compute; what they cannot hide
+is a data stall), plus the fixed part (gradient reduce-scatter and all-gather, optimizer).
+Loader cost per sample is CPU seconds per source measured here on one core
+(:func:`~benchmarks.e2e_data.loader_cost_per_sample`). **The ideal** is the same work on the
+same pipeline with perfect balance and no stall: every micro-batch of every rank the mean of
+mdata's, per stage.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from benchmarks.e2e_model import GPU, MODELS, VLM, Node, planner_cost, stage_seconds, step_breakdown
+from benchmarks.e2e_baselines import BASELINES, baseline_steps
+from benchmarks.e2e_model import GPU, MODELS, VLM, Node, PipelineTimes, planner_cost, stage_seconds
+from benchmarks.e2e_pipeline import Fabric, fixed_seconds, layer_split, pipeline_makespan
 from mdata.mesh import ClientPlaceTree
 from mdata.metadata import SourceMetadata
 from mdata.plan import Plan
@@ -36,22 +42,34 @@ from mdata.planner.events import BatchConsumed, ChunkLoaded, Tick
 from mdata.planner.instructions import ConstructBatch, JobFailed, LoadChunk, StepReady
 from mdata.planner.state import PlannerState
 
-__all__ = ["Setup", "mean_tokens", "ratio_breakdown", "simulate_both", "stage_aware_seconds"]
+__all__ = ["PARTS", "Setup", "mean_tokens", "ratio_breakdown", "simulate", "vit_per_layer"]
+
+#: Factors of a throughput ratio, in the order their product is taken.
+PARTS = ("flops_per_token", "balance", "bubbles", "data_stalls", "fixed")
 
 
 @dataclass(frozen=True)
 class Setup:
-    """One simulated job: model, hardware, mesh, batch shape, mix."""
+    """One simulated job: model, hardware, mesh, batch shape, mix.
+
+    The batch is set per DP rank: ``micro_batches`` (default ``2 x pp``, the least a pipeline is
+    run with) of ``max_tokens``, filled to ``fill`` on average (packing needs some room), so a
+    step holds ``dp x micro_batches x max_tokens x fill`` tokens. ``virtual``: model chunks per
+    device (1: 1F1B; more: Megatron-LM's interleaved 1F1B).
+    """
 
     model: VLM = field(default_factory=lambda: MODELS["llava-ov-7b"])
     gpu: GPU = GPU()
     node: Node = Node()
+    fabric: Fabric = Fabric()
     gpus: int = 1024
     tp: int = 4
     pp: int = 4
     cp: int = 2
     max_tokens: int = 32768
-    tokens_per_step: int = 16 << 20  # 16M tokens per global step (Llama 3's batch)
+    micro_batches: int = 0  # 0: 2 x pp
+    fill: float = 0.9
+    virtual: int = 1
     weights: Mapping[str, float] = field(default_factory=dict)
     seed: int = 0
     by_stage: bool = False  # the Planner's cost model as modules: it balances every stage
@@ -61,17 +79,20 @@ class Setup:
         return self.gpus // (self.tp * self.pp * self.cp)
 
     @property
-    def micro_batches(self) -> int:
-        return max(1, self.tokens_per_step // (self.dp * self.max_tokens))
+    def m(self) -> int:
+        """Micro-batches per DP rank and step."""
+        return self.micro_batches or 2 * self.pp
+
+    @property
+    def tokens_per_step(self) -> int:
+        return int(self.dp * self.m * self.max_tokens * self.fill)
 
 
-def _mdata_steps(setup: Setup, meta: dict[str, SourceMetadata], steps: int):
+def _mdata_steps(setup: Setup, meta: dict[str, SourceMetadata], steps: int, global_batch: int):
     """Per step, per DP rank: list of (tokens, patches) arrays per micro-batch, from the Planner."""
     names = tuple(meta)
-    per_sample = mean_tokens(setup, meta)
-    global_batch = max(setup.dp, int(round(setup.tokens_per_step / per_sample)))
-    plan = (Plan(list(names)).mix(dict(setup.weights)).cost(planner_cost(setup.model, by_stage=setup.by_stage))
-            .balance(micro_batches=setup.micro_batches, max_tokens=setup.max_tokens,
+    plan = (Plan(list(names)).mix({n: setup.weights[n] for n in names}).cost(planner_cost(setup.model, by_stage=setup.by_stage))
+            .balance(micro_batches=setup.m, max_tokens=setup.max_tokens,
                      global_batch=global_batch)
             .distribute(ClientPlaceTree(dp=setup.dp, pp=setup.pp, cp=setup.cp, tp=setup.tp))
             .broadcast_at("tp").seed(setup.seed))
@@ -103,107 +124,128 @@ def _mdata_steps(setup: Setup, meta: dict[str, SourceMetadata], steps: int):
     return [out[s] for s in sorted(out)[:steps]]
 
 
-def mean_tokens(setup: Setup, meta: dict[str, SourceMetadata]) -> float:
+def mean_tokens(setup: Setup, meta: Mapping[str, SourceMetadata]) -> float:
     """Mean tokens per sample (cut to the context) under the mix: sizes the global batch."""
     w = np.array([setup.weights[n] for n in meta], dtype=np.float64)
     means = np.array([np.minimum(np.concatenate(m.num_tokens), setup.max_tokens).mean() for m in meta.values()])
     return float((w * means).sum() / w.sum())
 
 
-def _baseline_steps(setup: Setup, meta: dict[str, SourceMetadata], steps: int):
-    """Per step, per DP rank: the micro-batches a per-rank next-fit packing loader fills."""
-    names = list(meta)
-    w = np.array([setup.weights[n] for n in names], dtype=np.float64)
-    rows = [(np.concatenate(meta[n].num_tokens), np.concatenate(meta[n].num_patches)) for n in names]
-    out = [[None] * setup.dp for _ in range(steps)]
-    for d in range(setup.dp):
-        rng = np.random.default_rng((setup.seed, d))
-        orders = [rng.permutation(len(t)) for t, _ in rows]
-        pos = [0] * len(names)
-        carry: list[tuple[int, int, int]] = []
-
-        def draw() -> tuple[int, int, int]:
-            k = int(rng.choice(len(names), p=w / w.sum()))
-            i = int(orders[k][pos[k] % len(orders[k])])
-            pos[k] += 1
-            return k, int(rows[k][0][i]), int(rows[k][1][i])
-
-        for s in range(steps):
-            mbs, srcs = [], []
-            for _ in range(setup.micro_batches):
-                toks, pats, used = [], [], 0
-                while True:
-                    k, t, p = carry.pop() if carry else draw()
-                    t = min(t, setup.max_tokens)
-                    if toks and used + t > setup.max_tokens:
-                        carry.append((k, t, p))
-                        break
-                    toks.append(t)
-                    pats.append(min(p, t))
-                    srcs.append(k)
-                    used += t
-                mbs.append((np.array(toks), np.array(pats)))
-            out[s][d] = (mbs, np.array(srcs))
-    return out
+def vit_per_layer(setup: Setup, meta: Mapping[str, SourceMetadata]) -> float:
+    """The vision encoder's expected FLOPs over one language-model layer's, under the mix: what
+    the layer split balances the first stage against."""
+    w = np.array([setup.weights[n] for n in meta], dtype=np.float64)
+    llm, vit = [], []
+    for m in meta.values():
+        tok = np.minimum(np.concatenate(m.num_tokens), setup.max_tokens)
+        llm.append(setup.model.llm_flops(tok).mean() / setup.model.llm_layers)
+        vit.append(setup.model.vit_flops(np.minimum(np.concatenate(m.num_patches), tok)).mean())
+    return float((w * np.array(vit)).sum() / (w * np.array(llm)).sum())
 
 
-def _system(setup: Setup, per_step, loader_cost: np.ndarray, *, baseline: bool) -> dict[str, float]:
-    """Sum over steps of each system's step parts (seconds) and tokens."""
-    loaders_per_group = setup.cp * min(setup.pp, 2)
-    cores_per_loader = setup.tp * setup.node.loader_cores_per_gpu
-    total = {"work": 0.0, "mean_work": 0.0, "bubble": 0.0, "stall": 0.0, "step": 0.0, "tokens": 0.0}
+def _times(setup: Setup, mbs, layers) -> PipelineTimes:
+    return stage_seconds(mbs, setup.model, setup.gpu, pp=setup.pp, tp=setup.tp, cp=setup.cp, layers=layers)
+
+
+def _system(setup: Setup, per_step, loader_cost: np.ndarray, layers, fixed: float, kind: str):
+    """Sum over steps of one system's step parts (seconds), tokens, and the micro-batch counts."""
+    cores = setup.node.loader_cores_per_gpu
+    total = dict.fromkeys(("work", "mean_work", "bubble", "stall", "fixed", "step", "tokens"), 0.0)
+    counts = []
     for ranks in per_step:
-        times = [stage_seconds(mbs, setup.model, setup.gpu, pp=setup.pp, tp=setup.tp, cp=setup.cp)
-                 for mbs, _ in ranks]
+        times = [_times(setup, mbs, layers) for mbs, _ in ranks]
+        spans = [pipeline_makespan(t, setup.virtual) for t in times]
+        works = [t.work for t in times]
         load = [float(loader_cost[srcs].sum()) for _, srcs in ranks]  # core-seconds per DP group
-        parts = step_breakdown(times)
-        if baseline:  # each loading rank loads its whole DP group's step on its TP group's cores
-            need = max(load) / cores_per_loader
-        else:  # each sample once, over every GPU's loader cores
-            need = sum(load) / (setup.gpus * setup.node.loader_cores_per_gpu)
-        parts["stall"] = max(0.0, need - parts["makespan"])
-        parts["step"] = parts["makespan"] + parts["stall"]
-        for key in ("work", "mean_work", "bubble", "stall", "step"):
-            total[key] += parts[key]
+        if kind == "mdata":  # each sample once, over every GPU's loader cores
+            need = sum(load) / (setup.gpus * cores)
+        elif kind == "dataloader":  # every GPU loads its DP group's samples on its own cores
+            need = max(load) / cores
+        else:  # TP rank 0 of each loading rank, on its TP group's cores
+            need = max(load) / (setup.tp * cores)
+        makespan = max(spans)
+        stall = max(0.0, need - makespan - fixed)  # loaders keep working through the all-reduce
+        for key, value in (("work", max(works)), ("mean_work", float(np.mean(works))),
+                           ("bubble", makespan - max(works)), ("stall", stall), ("fixed", fixed),
+                           ("step", makespan + stall + fixed)):
+            total[key] += value
         total["tokens"] += sum(float(t.sum()) for mbs, _ in ranks for t, _ in mbs)
-    total["loaders_per_group"] = loaders_per_group if baseline else 0
+        counts.append(max(len(mbs) for mbs, _ in ranks))
+    total["micro_batches"] = max(counts)
+    total["steps"] = len(per_step)
     return total
 
 
-def ratio_breakdown(ours: dict[str, float], base: dict[str, float]) -> dict[str, float]:
-    """mdata's tokens/s over the baseline's, and factors whose product is that ratio.
+def _ideal(setup: Setup, per_step, layers, fixed: float) -> dict[str, float]:
+    """mdata's work, perfectly balanced: each step, every micro-batch of every rank the mean of
+    mdata's on each stage; the same pipeline and fixed part, no stall."""
+    step = tokens = 0.0
+    for ranks in per_step:
+        fwd = sum(_times(setup, mbs, layers).forward.sum(axis=0) for mbs, _ in ranks)
+        rows = setup.dp * setup.m
+        mean = np.tile(fwd / rows, (setup.m, 1))
+        step += pipeline_makespan(PipelineTimes(mean, 2.0 * mean), setup.virtual) + fixed
+        tokens += sum(float(t.sum()) for mbs, _ in ranks for t, _ in mbs)
+    return {"step": step, "tokens": tokens}
+
+
+def ratio_breakdown(ours: Mapping[str, float], base: Mapping[str, float]) -> dict[str, float]:
+    """mdata's tokens/s over a baseline's, and factors whose product is that ratio.
 
     ``flops_per_token``: the baseline's mean work per token over mdata's (what differs in the
-    samples each takes); ``balance``: max over mean work across DP ranks; ``bubbles``: makespan over
-    max work; ``data_stalls``: step over makespan. Each factor > 1 is a gain of mdata.
+    samples each takes); ``balance``: max over mean work across DP ranks; ``bubbles``: makespan
+    over max work; ``data_stalls``: makespan plus stall over makespan; ``fixed``: the step over
+    that (all-reduce and optimizer, equal seconds on both sides, so it dilutes the others).
+    Each factor > 1 is a gain of mdata; a missing ``fixed`` is 0.
     """
     def parts(x):
-        return (x["mean_work"] / x["tokens"], x["work"] / x["mean_work"],
-                (x["work"] + x["bubble"]) / x["work"], x["step"] / (x["work"] + x["bubble"]))
+        pipe = x["work"] + x["bubble"]
+        rest = x["step"] - x.get("fixed", 0.0)
+        return (x["mean_work"] / x["tokens"], x["work"] / x["mean_work"], pipe / x["work"],
+                rest / pipe, x["step"] / rest)
 
     b, m = parts(base), parts(ours)
-    out = dict(zip(("flops_per_token", "balance", "bubbles", "data_stalls"),
-                   (bb / mm for bb, mm in zip(b, m))))
+    out = dict(zip(PARTS, (bb / mm for bb, mm in zip(b, m))))
     out["ratio"] = (ours["tokens"] / ours["step"]) / (base["tokens"] / base["step"])
     return out
 
 
-def simulate_both(setup: Setup, meta: dict[str, SourceMetadata], loader_cost: Mapping[str, float],
-                  steps: int) -> dict[str, dict[str, float]]:
-    """Both systems over ``steps`` steps of ``setup``: summed parts and tokens, and the ratio."""
+def simulate(setup: Setup, meta: Mapping[str, SourceMetadata], loader_cost: Mapping[str, float],
+             steps: int) -> dict[str, dict]:
+    """mdata, the baselines and the ideal over ``steps`` steps of ``setup``.
+
+    Returns per side (``mdata``, each of :data:`~benchmarks.e2e_baselines.BASELINES`) its summed
+    step parts and tokens; ``ratio[name]`` (mdata over that baseline, with its factors and
+    ``tokens_per_step``: mdata's tokens over its); ``vs_ideal`` (mdata's tokens/s over the
+    ideal's); ``shape`` (layer split, fixed seconds per step, micro-batch counts, global batch).
+    Sources of weight 0 are left out.
+    """
     if not setup.weights:
         raise ValueError("Setup.weights is empty")
+    meta = {n: m for n, m in meta.items() if setup.weights.get(n, 0.0) > 0}
     cost = np.array([loader_cost[n] for n in meta], dtype=np.float64)
-    ours = _system(setup, _mdata_steps(setup, meta, steps), cost, baseline=False)
-    base = _system(setup, _baseline_steps(setup, meta, steps), cost, baseline=True)
-    return {"mdata": ours, "baseline": base, "ratio": ratio_breakdown(ours, base)}
-
-
-
-def stage_aware_seconds(setup: Setup, meta: dict[str, SourceMetadata],
-                        loader_cost: Mapping[str, float], steps: int) -> tuple[float, float]:
-    """mdata's summed step seconds with the cost model as modules (balanced by stage) and as
-    one summed cost (scalar, pipeline-aware): the same samples, the same trainer."""
-    cost = np.array([loader_cost[n] for n in meta], dtype=np.float64)
-    return tuple(_system(setup, _mdata_steps(replace(setup, by_stage=by), meta, steps), cost,
-                         baseline=False)["step"] for by in (True, False))
+    layers = layer_split(setup.model, setup.pp, vit_per_layer(setup, meta))
+    fixed = fixed_seconds(setup.model, layers, tp=setup.tp, dp=setup.dp, cp=setup.cp, fabric=setup.fabric)
+    global_batch = max(setup.dp, int(round(setup.tokens_per_step / mean_tokens(setup, meta))))
+    planned = _mdata_steps(setup, meta, steps, global_batch)
+    step_tokens = [sum(float(t.sum()) for mbs, _ in ranks for t, _ in mbs) for ranks in planned]
+    tally: dict = {}
+    cost_fn = planner_cost(setup.model)
+    others = baseline_steps(meta, setup.weights, dp=setup.dp, micro_batches=setup.m,
+                            max_tokens=setup.max_tokens, pp=setup.pp, seed=setup.seed,
+                            step_tokens=step_tokens, step_samples=global_batch, cost_fn=cost_fn,
+                            tally=tally)
+    out: dict[str, dict] = {"mdata": _system(setup, planned, cost, layers, fixed, "mdata")}
+    for name in BASELINES:
+        out[name] = _system(setup, others[name], cost, layers, fixed, name)
+    ideal = _ideal(setup, planned, layers, fixed)
+    out["ratio"] = {}
+    for name in BASELINES:
+        r = ratio_breakdown(out["mdata"], out[name])
+        r["tokens_per_step"] = out["mdata"]["tokens"] / out[name]["tokens"]
+        out["ratio"][name] = r
+    out["vs_ideal"] = (out["mdata"]["tokens"] / out["mdata"]["step"]) / (ideal["tokens"] / ideal["step"])
+    out["shape"] = {"layers": layers, "fixed_s": fixed, "global_batch": global_batch,
+                    "tokens_per_step": float(np.mean(step_tokens)), **tally,
+                    **{f"micro_batches.{k}": out[k]["micro_batches"] for k in ("mdata", *BASELINES)}}
+    return out

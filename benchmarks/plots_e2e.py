@@ -4,9 +4,10 @@
 
 * ``e2e_throughput.png``: tokens trained against simulated seconds, both systems, from the last
   process run (``benchmarks/e2e.py`` writes the curves to ``.cache/mdata/bench-e2e``);
-* ``e2e_breakdown.png``: the factors of the throughput ratio (process run and each simulated
-  GPU count): balance, pipeline bubbles, data stalls, flops per token;
-* ``e2e_sim_ratio.png``: the simulated ratio against GPU count.
+* ``e2e_breakdown.png``: the factors of the throughput ratio (process run, and each simulated
+  regime over ``local_best``): balance, pipeline bubbles, data stalls, flops per token, the
+  fixed part (all-reduce and optimizer);
+* ``e2e_sim_ratio.png``: the simulated ratio over each baseline against GPU count (``vlm``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from benchmarks.plots import OUT, _plt, _save  # noqa: E402
 
-PARTS = ("balance", "bubbles", "data_stalls", "flops_per_token")
+PARTS = ("balance", "bubbles", "data_stalls", "flops_per_token", "fixed")
 
 
 def plot_throughput(curves: dict, out: Path) -> Path | None:
@@ -43,10 +44,11 @@ def plot_throughput(curves: dict, out: Path) -> Path | None:
 def plot_breakdown(figures: dict, out: Path) -> Path | None:
     groups = []
     if figures.get("e2e.breakdown.balance") is not None:
-        groups.append(("processes", [figures[f"e2e.breakdown.{p}"] for p in PARTS]))
-    for gpus in sorted({int(m.group(1)) for k in figures
-                        if (m := re.fullmatch(r"e2e\.sim_breakdown_(\d+)\.balance", k))}):
-        groups.append((f"sim {gpus}", [figures[f"e2e.sim_breakdown_{gpus}.{p}"] for p in PARTS]))
+        groups.append(("processes", [figures.get(f"e2e.breakdown.{p}", 1.0) for p in PARTS]))
+    for regime in sorted({m.group(1) for k in figures
+                          if (m := re.fullmatch(r"e2e\.breakdown\.local_best\.([a-z0-9_]+)\.balance", k))}):
+        groups.append((f"{regime} / local_best",
+                       [figures[f"e2e.breakdown.local_best.{regime}.{p}"] for p in PARTS]))
     if not groups:
         return None
     plt = _plt()
@@ -64,17 +66,26 @@ def plot_breakdown(figures: dict, out: Path) -> Path | None:
 
 
 def plot_sim_ratio(figures: dict, out: Path) -> Path | None:
-    points = sorted((int(m.group(1)), v) for k, v in figures.items()
-                    if (m := re.fullmatch(r"e2e\.sim_ratio_(\d+)", k)) and v is not None)
+    from benchmarks.e2e_baselines import BASELINES
+    from benchmarks.e2e_scale import HEADLINE_GPUS
+
+    lines = {}
+    for name in BASELINES:
+        pts = [(HEADLINE_GPUS, figures.get(f"e2e.ratio.{name}.vlm"))]
+        pts += [(int(m.group(1)), v) for k, v in figures.items()
+                if (m := re.fullmatch(rf"e2e\.ratio\.{name}\.vlm\.(\d+)", k))]
+        lines[name] = sorted((g, v) for g, v in pts if v is not None)
+    points = [p for pts in lines.values() for p in pts]
     if not points:
         return None
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot([g for g, _ in points], [v for _, v in points], "s-", label="mdata / baseline")
+    for name, pts in lines.items():
+        ax.plot([g for g, _ in pts], [v for _, v in pts], "s-", label=f"mdata / {name}")
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set(xscale="log", xlabel="GPUs", ylabel="tokens/s ratio",
            title="Simulated end-to-end ratio against GPU count")
-    ax.set_xticks([g for g, _ in points], [str(g) for g, _ in points])
+    ax.set_xticks(sorted({g for g, _ in points}), [str(g) for g in sorted({g for g, _ in points})])
     ax.legend()
     return _save(plt, fig, out / "e2e_sim_ratio.png")
 

@@ -58,8 +58,14 @@ def test_quick_run_reports_end_to_end_figures(tmp_path: Path) -> None:
     for part in ("balance", "bubbles", "data_stalls", "flops_per_token"):
         product *= figures[f"e2e.breakdown.{part}"]
     assert abs(product - figures["e2e.tokens_per_s.ratio"]) < 1e-6 * product
-    for gpus in (1024, 2048):
-        assert figures[f"e2e.sim_ratio_{gpus}"] > 0
+    # At scale: every baseline in every regime, at equal work, and mdata beside the ideal.
+    for regime in ("vlm", "text8k"):
+        for baseline in ("dataloader", "megatron", "local_best", "bridge"):
+            assert figures[f"e2e.ratio.{baseline}.{regime}"] > 0
+            assert 0.97 < figures[f"e2e.tokens_per_step_ratio.{baseline}.{regime}"] < 1.03
+            assert figures[f"e2e.micro_batches.{baseline}.{regime}"] == \
+                figures[f"e2e.micro_batches.mdata.{regime}"]
+        assert figures[f"e2e.vs_ideal.{regime}"] > 0
     # Work and bubbles are never negative; each system trained something.
     for side in ("mdata", "baseline"):
         assert figures[f"e2e.seconds.work.{side}"] > 0

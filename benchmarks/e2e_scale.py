@@ -1,0 +1,102 @@
+"""The end-to-end benchmark's at-scale figures: mdata beside four baselines, per regime, seeds.
+
+Why a module of its own: ``benchmarks/e2e.py`` runs the processes; this turns
+:func:`benchmarks.e2e_sim.simulate` into the figures ``docs/benchmarks-e2e.md`` reports, all
+from one run: for every regime and baseline the ratio of mdata's tokens/s over the baseline's
+(the mean over seeds, with its spread), its factors, the tokens per step on both sides (equal
+work: within 1%), the micro-batch counts, and mdata's tokens/s over the ideal.
+
+Regimes (``REGIMES``): ``vlm`` (the e2e mix of ``benchmarks/e2e_data.py``, 32k context,
+TP 4 x PP 4 x CP 2) and ``text8k`` (its text sources only, 8k context, TP 4 x PP 4); both
+``llava-ov-7b`` with 2 x PP micro-batches of the context per DP rank, 90% full on average.
+A regime's figure is at 1,024 GPUs (quick runs too); full runs add 4,096 and 8,192 GPUs
+(``.<gpus>`` suffix) and the interleaved schedule (``vlm_interleaved``: 2 model chunks per
+device, at 1,024 GPUs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+
+import numpy as np
+
+from benchmarks.e2e_baselines import BASELINES
+from benchmarks.e2e_data import WEIGHTS
+from benchmarks.e2e_sim import PARTS, Setup, simulate
+from benchmarks.harness import figure
+from mdata.metadata import SourceMetadata
+
+__all__ = ["REGIMES", "at_scale_figures", "regime_runs"]
+
+TEXT = {n: (1.0 if n in ("books", "code", "scenes") else 0.0) for n in WEIGHTS}
+REGIMES: dict[str, Setup] = {
+    "vlm": Setup(weights=WEIGHTS),
+    "text8k": Setup(weights=TEXT, cp=1, max_tokens=8192),
+}
+HEADLINE_GPUS = 1024
+MORE_GPUS = (4096, 8192)
+GOALS = {"local_best": ">= 1.0 (what the global view earns)", "megatron": "report what comes out",
+         "dataloader": "report what comes out", "bridge": "report what comes out"}
+
+
+def regime_runs(setup: Setup, meta: Mapping[str, SourceMetadata], cost: Mapping[str, float],
+                steps: int, seeds: tuple[int, ...]) -> list[dict]:
+    """:func:`simulate` once per seed."""
+    return [simulate(replace(setup, seed=s), meta, cost, steps) for s in seeds]
+
+
+def _figures(key: str, setup: Setup, runs: list[dict], steps: int) -> dict[str, object]:
+    """One regime's figures from its runs (one per seed)."""
+    out: dict[str, object] = {}
+    shape = runs[0]["shape"]
+    counts = ", ".join(f"{k} {max(r['shape'][f'micro_batches.{k}'] for r in runs)}"
+                       for k in ("mdata", *BASELINES))
+    base_note = (f"{setup.model.name}, {setup.gpus} GPUs: dp {setup.dp} x tp {setup.tp} x pp "
+                 f"{setup.pp} x cp {setup.cp}" + (f", interleaved x{setup.virtual}" if setup.virtual > 1 else "")
+                 + f", layers {'/'.join(map(str, shape['layers']))}, {setup.max_tokens} context, "
+                 f"{np.mean([r['shape']['tokens_per_step'] for r in runs]) / 1e6:.2f}M tokens/step, "
+                 f"micro-batches per rank: {counts}; local_best kept the token packing (mdata's "
+                 f"balancer needed more micro-batches) on {sum(r['shape'].get('local_best_fallbacks', 0) for r in runs)} "
+                 f"of {len(runs) * steps * setup.dp} rank-steps; {steps} steps x {len(runs)} seeds")
+    for name in BASELINES:
+        ratios = np.array([r["ratio"][name]["ratio"] for r in runs])
+        parts = {p: float(np.mean([r["ratio"][name][p] for r in runs])) for p in PARTS}
+        tps = float(np.mean([r["ratio"][name]["tokens_per_step"] for r in runs]))
+        out[f"e2e.ratio.{name}.{key}"] = figure(
+            float(ratios.mean()), goal=GOALS[name],
+            note=(f"seeds {ratios.min():.3f}-{ratios.max():.3f}; "
+                  + ", ".join(f"{p.replace('_', ' ')} {v:.3f}" for p, v in parts.items())
+                  + f"; tokens/step mdata over it {tps:.4f}; " + base_note))
+        out[f"e2e.ratio.{name}.{key}.min"] = float(ratios.min())
+        out[f"e2e.ratio.{name}.{key}.max"] = float(ratios.max())
+        for p, v in parts.items():
+            out[f"e2e.breakdown.{name}.{key}.{p}"] = v
+        out[f"e2e.tokens_per_step_ratio.{name}.{key}"] = figure(tps, goal="0.99-1.01 (equal work)")
+    ideal = np.array([r["vs_ideal"] for r in runs])
+    out[f"e2e.vs_ideal.{key}"] = figure(
+        float(ideal.mean()), goal=">= 0.97",
+        note=f"seeds {ideal.min():.3f}-{ideal.max():.3f}; ideal: mdata's work, perfect balance, "
+             f"no stall, same pipeline; " + base_note)
+    for side in ("mdata", *BASELINES):
+        out[f"e2e.micro_batches.{side}.{key}"] = max(r["shape"][f"micro_batches.{side}"] for r in runs)
+    out[f"e2e.tokens_per_step.{key}"] = float(np.mean([r["shape"]["tokens_per_step"] for r in runs]))
+    out[f"e2e.fixed_s_per_step.{key}"] = float(shape["fixed_s"])
+    return out
+
+
+def at_scale_figures(meta: Mapping[str, SourceMetadata], cost: Mapping[str, float],
+                     quick: bool) -> dict[str, object]:
+    """Every regime at 1,024 GPUs (full runs: also 4,096 and 8,192, and interleaved 1F1B)."""
+    steps, seeds = (2, (0, 1)) if quick else (4, (0, 1, 2))
+    cases: list[tuple[str, Setup]] = []
+    for name, setup in REGIMES.items():
+        cases.append((name, replace(setup, gpus=HEADLINE_GPUS)))
+        if not quick:
+            cases += [(f"{name}.{g}", replace(setup, gpus=g)) for g in MORE_GPUS]
+    if not quick:
+        cases.append(("vlm_interleaved", replace(REGIMES["vlm"], gpus=HEADLINE_GPUS, virtual=2)))
+    out: dict[str, object] = {}
+    for key, setup in cases:
+        out.update(_figures(key, setup, regime_runs(setup, meta, cost, steps, seeds), steps))
+    return out
