@@ -37,7 +37,7 @@ import numpy as np
 from mdata.distribution import install_hint
 
 __all__ = ["ClipWindow", "DecoderStats", "VideoLimits", "VideoProblem", "clip_window",
-           "decode_clip", "decoder_stats", "frame_times", "pyav", "sample_seed"]
+           "decode_clip", "decoder_stats", "frame_times", "pyav", "reset_decoder_peaks", "sample_seed"]
 
 
 def pyav() -> Any:
@@ -150,6 +150,14 @@ def decoder_stats() -> DecoderStats:
     """This process's :class:`DecoderStats` so far."""
     with _stats_lock:
         return DecoderStats(_stats["decodes"], _stats["open"], _stats["peak_open"], _stats["peak_bytes"])
+
+
+def reset_decoder_peaks() -> None:
+    """Start the peaks of :func:`decoder_stats` over from what is open now (``mdata profile``
+    measures each source's decodes on their own)."""
+    with _stats_lock:
+        _stats["peak_open"] = _stats["open"]
+        _stats["peak_bytes"] = 0
 
 
 def _opened(delta: int) -> None:
