@@ -1,0 +1,102 @@
+"""A text + video plan on a live embedded cluster: batches carry the clips' frames as image
+patches, and a video loader killed with SIGKILL mid-run costs no sample and changes no frame
+(clip windows come from each sample's seed, so a recomputed chunk decodes the same frames).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+
+import numpy as np
+import pytest
+
+pytest.importorskip("av")
+
+from conftest import run_loaders  # noqa: E402
+from fault_procs import kill9, loader_holding_chunks, recoveries  # noqa: E402
+from mdata.data.example import VIDEO_FRAME_SIZE, VIDEO_FRAMES  # noqa: E402
+from mdata.driver import submit_job  # noqa: E402
+from mdata.trainer import Loader  # noqa: E402
+from test_failures import plan_for  # noqa: E402
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
+
+STEPS = 6
+IMAGE_TOKEN = 100_277
+PATCHES = VIDEO_FRAMES * (VIDEO_FRAME_SIZE[0] // 16) * (VIDEO_FRAME_SIZE[1] // 16)
+
+
+def received(batch) -> tuple:
+    """Step, sample ids, and a hash of every token id and every pixel the trainer got."""
+    digest = hashlib.sha1()
+    for mb in batch["micro_batches"]:
+        digest.update(mb["input_ids"].numpy().tobytes())
+        if "pixels" in mb:
+            digest.update(mb["pixels"].numpy().tobytes())
+    return batch["step"], batch["sample_ids"].tolist(), digest.hexdigest()
+
+
+@pytest.fixture(scope="module")
+def video_cluster(example_sources_small):
+    from mdata.driver import PoolSpec, start_cluster
+
+    by_name = {s.name: s for s in example_sources_small}
+    # Chunks of 2 clips: several chunks per shard, so a loader holds some when it is killed.
+    sources = [by_name["chat"], dataclasses.replace(by_name["videos"], chunk_rows=2)]
+    pools = [PoolSpec("text", ("chat",), workers=1, threads=1),
+             PoolSpec("video", ("videos",), workers=1, threads=2)]
+    with start_cluster(sources, pools=pools, constructors=1, constructor_threads=1,
+                       autoscale=False) as cluster:
+        with cluster.client() as client:
+            yield client, sources
+
+
+def close(client, job: str) -> None:
+    client.sync(client.scheduler.mdata_close_job, job=job, client=client.id)
+
+
+def test_a_text_and_video_plan_delivers_frames_as_image_patches(video_cluster):
+    client, sources = video_cluster
+    submit_job(client, plan_for(sources), job="video-mix")
+    batches = run_loaders(client, job="video-mix", world_size=2, steps=3, keep=lambda b: b)
+    videos = 0
+    for rank in range(2):
+        for batch in batches[rank]:
+            assert {int(s) for s in batch["sample_ids"][:, 0]} <= {0, 1}
+            for mb in batch["micro_batches"]:
+                counts = mb["image_token_counts"].numpy()
+                shapes = mb["image_shapes"].numpy()
+                assert (counts == PATCHES).all()  # every video sample keeps all its frames' patches
+                assert shapes.tolist() == [[VIDEO_FRAMES * VIDEO_FRAME_SIZE[0], VIDEO_FRAME_SIZE[1], 3]] * len(counts)
+                assert mb["pixels"].numel() == int(np.prod(shapes, axis=1).sum())
+                assert int((mb["input_ids"].numpy() == IMAGE_TOKEN).sum()) == int(counts.sum())
+                videos += len(counts)
+    assert videos > 0
+    close(client, "video-mix")
+
+
+def test_a_video_loader_killed_mid_run_changes_no_sample_and_no_frame(video_cluster):
+    client, sources = video_cluster
+    plan = plan_for(sources)
+    submit_job(client, plan, job="video-reference")
+    reference = run_loaders(client, job="video-reference", world_size=2, steps=STEPS, keep=received)
+    close(client, "video-reference")
+
+    submit_job(client, plan, job="video-crash")
+    got: dict[int, list] = {0: [], 1: []}
+    with Loader(client, job="video-crash", rank=0, world_size=2, timeout=90) as l0, \
+         Loader(client, job="video-crash", rank=1, world_size=2, timeout=90) as l1:
+        it0, it1 = iter(l0), iter(l1)
+        for step in range(STEPS):
+            if step == 2:  # mid-run, while the loader holds decoded clips upcoming steps need
+                _, pid, held = loader_holding_chunks(client, "pool_videos", job="video-crash")
+                assert held > 0
+                kill9(pid)
+            got[0].append(received(next(it0)))
+            got[1].append(received(next(it1)))
+        l0.mark_consumed()
+        l1.mark_consumed()
+    assert got == {r: reference[r] for r in range(2)}
+    assert recoveries(client, "video-crash")["chunks_reloaded"] >= 1
+    close(client, "video-crash")
