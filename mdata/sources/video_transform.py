@@ -9,7 +9,7 @@ its frames stacked top to bottom (see :mod:`mdata.sources.video`).
 
 :meth:`DecodeVideoCaption.cost_features` gives the same token and patch counts from the
 container's header alone (:mod:`mdata.sources.video_meta`), so the Planner's cost features and
-``mdata.read_metadata`` need no pixel decode.
+``mdata.metadata.read_metadata`` need no pixel decode.
 """
 
 from __future__ import annotations
