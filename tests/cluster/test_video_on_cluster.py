@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -100,3 +101,41 @@ def test_a_video_loader_killed_mid_run_changes_no_sample_and_no_frame(video_clus
     assert got == {r: reference[r] for r in range(2)}
     assert recoveries(client, "video-crash")["chunks_reloaded"] >= 1
     close(client, "video-crash")
+
+
+def test_an_undecodable_clip_under_on_corrupt_skip_is_quarantined_and_the_job_goes_on(
+        video_cluster, tmp_path):
+    """The videos source with shard 1's first clip cut in half (an MP4 without its index): with
+    on_corrupt="skip" the chunk holding it is quarantined, status says where and why, and no
+    trainer ever receives a row of that chunk."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    client, (chat, videos) = video_cluster
+    folder = tmp_path / "videos"
+    folder.mkdir()
+    shards = sorted(Path(videos.url).parent.glob("*.parquet"))
+    for i, path in enumerate(shards):
+        table = pq.read_table(path)
+        if i == 1:
+            clips = table.column("video").to_pylist()
+            k = table.column("codec").to_pylist().index("h264")
+            clips[k] = clips[k][: len(clips[k]) // 2]
+            table = table.set_column(table.schema.get_field_index("video"), "video",
+                                     pa.array(clips, pa.binary()))
+            broken_row = k
+        pq.write_table(table, folder / path.name)
+    broken = dataclasses.replace(videos, url=str(folder / "*.parquet"), on_corrupt="skip")
+    submit_job(client, plan_for([chat, broken]), job="video-skip")
+    got = run_loaders(client, job="video-skip", world_size=2, steps=4, keep=received)
+    status = client.sync(client.scheduler.mdata_status, job="video-skip")
+    assert status["failure"] is None
+    (quarantined,) = status["quarantined"]["videos"]
+    assert quarantined["shard"] == 1 and Path(quarantined["path"]).name == shards[1].name
+    lost = range(*quarantined["rows"])
+    assert broken_row in lost
+    assert quarantined["reason"].startswith(f"VideoDecodeError (row {broken_row}): cannot open the clip's container")
+    delivered = {tuple(s) for rank in got.values() for _, ids, _ in rank for s in ids}
+    assert not any((1, 1, r) in delivered for r in lost)
+    assert any(s[0] == 1 for s in delivered)  # the other clips still arrive
+    close(client, "video-skip")
