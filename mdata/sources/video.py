@@ -246,13 +246,15 @@ def _decode_window(container: Any, stream: Any, window: ClipWindow, out: np.ndar
     """Seek before the window, decode until every sampled time has its frame; returns frames filled.
 
     A time gets the last frame that starts at or before it (the frame on screen then), or the
-    first frame when none does. Frames are converted to RGB only when sampled: decoding from the
+    first frame when none does. A stream that ends more than two frame periods before a sampled
+    time, inside the duration its header declares, was cut short (a truncated WebM still opens
+    and decodes its first part): that is a :class:`VideoProblem`, not a clip of repeated frames. Frames are converted to RGB only when sampled: decoding from the
     keyframe to the window is the codec's cost, converting every one of them would double it."""
     origin = float(stream.start_time * stream.time_base) if stream.start_time is not None else 0.0
     if window.start > 0:
         container.seek(int((origin + window.start) / stream.time_base), stream=stream, backward=True)
     height, width = out.shape[1:3]
-    times, k, previous = window.times, 0, None
+    times, k, previous, last = window.times, 0, None, 0.0
     converted: tuple[Any, np.ndarray] | None = None
 
     def rgb(frame: Any) -> np.ndarray:
@@ -269,7 +271,14 @@ def _decode_window(container: Any, stream: Any, window: ClipWindow, out: np.ndar
             k += 1
         if k >= len(times):
             break
-        previous = frame
+        previous, last = frame, t
+    rate = stream.average_rate or stream.guessed_rate
+    period = float(1 / rate) if rate else 0.5
+    if previous is not None and k < len(times) and times[k] - last > 2 * period:
+        raise VideoProblem(
+            f"the clip's frames stop at {last:.2f} s, short of the frame sampled at {times[k]:.2f} s "
+            "(its header declares a longer clip)",
+            "the clip is truncated; re-encode or drop it")
     while previous is not None and k < len(times):  # the stream ended: later times show its last frame
         out[k] = rgb(previous)
         k += 1

@@ -159,6 +159,10 @@ def test_a_truncated_clip_is_a_corrupt_shard_or_a_skipped_sample(tmp_path, clips
     skipped = {s.row for s in chunk.skipped}
     assert 0 in skipped and chunk.rows.tolist() == [r for r in range(4) if r not in skipped]
     assert all(s.reason.startswith("VideoDecodeError: ") for s in chunk.skipped)
+    # A WebM cut short still opens and decodes its first part: its frames stop before the window.
+    webm = _parquet(tmp_path, clips[1:2], name="w.parquet", videos=[clips[1].data[: len(clips[1].data) // 3]])
+    with pytest.raises(VideoDecodeError, match=r"row 0: the clip's frames stop at [\d.]+ s, short of the frame sampled"):
+        load_chunk(_source(webm, clip_seconds=None), 0, 0, 1, cache=ReaderCache())
     garbage = _parquet(tmp_path, clips[:1], name="g.parquet", videos=[b"not a video at all" * 50])
     with pytest.raises(VideoDecodeError, match="cannot open the clip's container"):
         load_chunk(_source(garbage), 0, 0, 1, cache=ReaderCache())
