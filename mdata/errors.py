@@ -21,6 +21,8 @@ __all__ = [
     "SchemaError",
     "SampleError",
     "ImageDecodeError",
+    "VideoDecodeError",
+    "VideoLimitError",
     "SkipBudgetExceededError",
     "InvalidSourceError",
     "UntrustedSourceError",
@@ -156,6 +158,18 @@ class SampleError(SourceError):
 
 class ImageDecodeError(SampleError):
     """An image could not be decoded, or exceeds the pixel limit."""
+
+
+class VideoDecodeError(SampleError, CorruptShardError):
+    """A video clip does not open or decode (truncated, not a container, no video stream).
+
+    A sample error, so a source's ``skip_tolerance`` may skip it; raised (tolerance 0) it is a
+    :class:`CorruptShardError`, so the source's ``on_corrupt="skip"`` quarantines its chunk."""
+
+
+class VideoLimitError(VideoDecodeError):
+    """A video clip is over one of its transform's bounds (bytes, seconds, pixels per frame,
+    frames sampled), found from the container's header before any frame is decoded."""
 
 
 class SkipBudgetExceededError(SourceError):

@@ -125,8 +125,10 @@ class SourceMetadata:
 def read_metadata(sources: Iterable, *, max_rows_per_shard: int | None = None) -> dict[str, "SourceMetadata"]:
     """Per-sample cost features of real sources, read the way a loader does: every chunk of every
     shard goes through :func:`~mdata.sources.load_chunk` (read, transform), and only the token and
-    patch counts are kept. ``max_rows_per_shard`` reads only the first rows of each shard (a
-    quicker, approximate profile: the simulation then sees shards of that size)."""
+    patch counts are kept. A transform with ``cost_features`` (video: frames from the container's
+    header) gives its counts without decoding pixels. ``max_rows_per_shard`` reads only the first
+    rows of each shard (a quicker, approximate profile: the simulation then sees shards of that
+    size)."""
     from mdata.sources import list_shards, load_chunk
 
     if max_rows_per_shard is not None and max_rows_per_shard < 1:
@@ -136,8 +138,9 @@ def read_metadata(sources: Iterable, *, max_rows_per_shard: int | None = None) -
         listing = list_shards(src)
         rows = [shard.num_rows if max_rows_per_shard is None else min(shard.num_rows, max_rows_per_shard)
                 for shard in listing.shards]
+        load = _features_only if hasattr(src.transform, "cost_features") else load_chunk
         chunks = [
-            load_chunk(src, shard.index, start, min(start + src.chunk_rows, n))
+            load(src, shard.index, start, min(start + src.chunk_rows, n))
             for shard, n in zip(listing.shards, rows)
             for start in range(0, n, src.chunk_rows)
         ]
@@ -145,3 +148,19 @@ def read_metadata(sources: Iterable, *, max_rows_per_shard: int | None = None) -
             raise PlanError(f"source {src.name!r} has no rows to profile")
         out[src.name] = SourceMetadata.from_chunks(chunks, shard_rows=rows)
     return out
+
+
+def _features_only(source, shard: int, start: int, stop: int):
+    """A pixel-less :class:`~mdata.sources.SampleChunk` with the rows' token and patch counts,
+    from :func:`~mdata.sources.video_meta.load_cost_features` (skips as a load would report)."""
+    from mdata.sources import default_reader_cache
+    from mdata.sources.chunk import SampleChunk, SkippedSample
+    from mdata.sources.load import _enforce_tolerance
+    from mdata.sources.video_meta import load_cost_features
+
+    rows, tokens, patches, errors = load_cost_features(source, shard, start, stop)
+    _enforce_tolerance(source, default_reader_cache().listing(source).shard(shard).path, stop - start, errors)
+    text = [np.zeros(int(t - p), np.int32) for t, p in zip(tokens, patches)]
+    return SampleChunk.from_samples(
+        source.name, shard, rows, text, num_patches=patches,
+        skipped=[SkippedSample(int(e.row), f"{type(e).__name__}: {e.message}") for e in errors])

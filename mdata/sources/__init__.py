@@ -4,8 +4,8 @@
   skip tolerance), validated at construction; :func:`list_shards` lists its shards.
 - :func:`load_chunk` — one load task: read rows ``[start, stop)`` of one shard through the per-process
   :class:`ReaderCache`, transform them, return a columnar :class:`SampleChunk`.
-- Transforms — :class:`TokenizeText`, :class:`DecodeImageCaption`, or a :class:`SampleTransform`
-  subclass of your own.
+- Transforms — :class:`TokenizeText`, :class:`DecodeImageCaption`, :class:`DecodeVideoCaption`
+  (PyAV, the ``video`` extra), or a :class:`SampleTransform` subclass of your own.
 - Storage outages are waited out under a :class:`RetryPolicy` (``mdata.storage.*``);
   :func:`storage_waits` tells which sources of this process are waiting on storage right now,
   :func:`merge_storage_waits` merges the reports of several workers per source.
@@ -31,6 +31,7 @@ _HOMES = {
     "Format": "spec", "Source": "spec",
     "ChunkContext": "transforms", "DecodeImageCaption": "transforms", "SampleOutput": "transforms",
     "SampleTransform": "transforms", "TokenizeText": "transforms", "Transform": "transforms",
+    "DecodeVideoCaption": "video_transform", "VideoFileReader": "readers",
     "StorageWait": "waits", "storage_waits": "waits", "storage_waits_begun": "waits",
     "SourceStorageWait": "wait_report", "describe_storage_wait": "wait_report",
     "merge_storage_waits": "wait_report",
@@ -48,6 +49,8 @@ if TYPE_CHECKING:
     from mdata.sources.spec import Format, Source
     from mdata.sources.transforms import (ChunkContext, DecodeImageCaption, SampleOutput,
                                           SampleTransform, TokenizeText, Transform)
+    from mdata.sources.video_transform import DecodeVideoCaption
+    from mdata.sources.readers import VideoFileReader
     from mdata.sources.wait_report import SourceStorageWait, describe_storage_wait, merge_storage_waits
     from mdata.sources.waits import StorageWait, storage_waits, storage_waits_begun
 
@@ -67,6 +70,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "ChunkContext",
     "DecodeImageCaption",
+    "DecodeVideoCaption",
     "FieldKind",
     "Format",
     "JsonlShardReader",
@@ -86,6 +90,7 @@ __all__ = [
     "StorageWait",
     "TokenizeText",
     "Transform",
+    "VideoFileReader",
     "default_reader_cache",
     "describe_storage_wait",
     "list_shards",

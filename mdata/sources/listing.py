@@ -153,7 +153,8 @@ def _list(source: "Source", retry: RetryPolicy) -> tuple[SourceListing, "Abstrac
 
     def counted(path: str) -> int:
         url = fs.unstrip_protocol(path)
-        action = "reading the Parquet footer" if source.format is Format.PARQUET else "counting the lines"
+        action = {Format.PARQUET: "reading the Parquet footer", Format.JSONL: "counting the lines"}.get(
+            source.format, "listing the clip file")
         try:
             return retry_storage(
                 lambda: count(fs, path, source=source.name, url=url),

@@ -11,13 +11,15 @@ from mdata.sources.jsonl_reader import JsonlShardReader
 from mdata.sources.parquet_reader import ParquetShardReader
 from mdata.sources.shard_reader import ShardReader
 from mdata.sources.spec import Format
+from mdata.sources.video_reader import VideoFileReader
 
-__all__ = ["JsonlShardReader", "ParquetShardReader", "ShardReader", "reader_class"]
+__all__ = ["JsonlShardReader", "ParquetShardReader", "ShardReader", "VideoFileReader", "reader_class"]
 
 
 _READERS: dict[Format, type[ShardReader]] = {
     Format.PARQUET: ParquetShardReader,
     Format.JSONL: JsonlShardReader,
+    Format.VIDEO: VideoFileReader,
 }
 
 

@@ -33,12 +33,15 @@ class Format(str, Enum):
 
     PARQUET = "parquet"
     JSONL = "jsonl"
+    #: Clip files (mp4, webm, mkv), one shard of one row each, captions in ``.txt`` sidecars.
+    VIDEO = "video"
     # WEBDATASET = "webdataset"  -- planned: add the member here and a reader in readers._READERS.
 
     @property
     def suffixes(self) -> tuple[str, ...]:
         """File name endings taken when the URL is a directory."""
-        return {Format.PARQUET: (".parquet",), Format.JSONL: (".jsonl", ".ndjson")}[self]
+        return {Format.PARQUET: (".parquet",), Format.JSONL: (".jsonl", ".ndjson"),
+                Format.VIDEO: (".mp4", ".webm", ".mkv")}[self]
 
 
 @dataclass(frozen=True)
@@ -49,7 +52,8 @@ class Source:
         name: lowercase identifier (``[a-z][a-z0-9_]*``); becomes the Dask resource ``pool_<name>``.
         url: a local path, ``file://``, ``memory://`` or ``s3://bucket/prefix/*.parquet`` URL; a
             glob, a single file, or a directory (all files with the format's suffix below it).
-        format: ``"parquet"`` or ``"jsonl"`` (or a :class:`Format`).
+        format: ``"parquet"``, ``"jsonl"`` or ``"video"`` (clip files, one row each; or a
+            :class:`Format`).
         fields: columns to read; by default exactly the transform's fields. When given it must
             include every field the transform reads.
         transform: the sample transform; :class:`~mdata.sources.transforms.TokenizeText` by default.
@@ -103,7 +107,7 @@ class Source:
             raise InvalidSourceError(
                 f"transform {self.transform!r} is not a sample transform",
                 source=name,
-                hint="use TokenizeText, DecodeImageCaption or a SampleTransform subclass",
+                hint="use TokenizeText, DecodeImageCaption, DecodeVideoCaption or a SampleTransform subclass",
             )
         required = tuple(self.transform.required_fields())
         fields = tuple(self.fields) if self.fields else required

