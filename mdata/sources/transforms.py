@@ -183,6 +183,19 @@ def _check_field(owner: str, arg: str, value: str) -> None:
         raise TransformConfigError(f"{owner}: {arg} must be a non-empty column name, got {value!r}")
 
 
+def _check_media_caption(owner: str, media_arg: str, media: str, caption: str) -> None:
+    """A media column (image, video) and its caption column: both named, and not the same."""
+    _check_field(owner, media_arg, media)
+    _check_field(owner, "caption_field", caption)
+    if media == caption:
+        raise TransformConfigError(f"{owner}: {media_arg} and caption_field are both {media!r}")
+
+
+def _positive_int(owner: str, arg: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise TransformConfigError(f"{owner}: {arg} must be a positive int, got {value!r}")
+
+
 def _load_tokenizer(spec: str, eos_token: str | None, num_threads: int, append_eos: bool) -> Tokenizer:
     tok = get_tokenizer(spec, eos_token=eos_token, num_threads=num_threads)
     if append_eos and tok.eos_id is None:
@@ -333,14 +346,9 @@ class DecodeImageCaption(_Tokenizing, SampleTransform):
 
     def __post_init__(self) -> None:
         owner = "DecodeImageCaption"
-        _check_field(owner, "image_field", self.image_field)
-        _check_field(owner, "caption_field", self.caption_field)
-        if self.image_field == self.caption_field:
-            raise TransformConfigError(f"{owner}: image_field and caption_field are both {self.image_field!r}")
+        _check_media_caption(owner, "image_field", self.image_field, self.caption_field)
         for arg in ("patch_size", "max_patches", "max_pixels"):
-            value = getattr(self, arg)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise TransformConfigError(f"{owner}: {arg} must be a positive int, got {value!r}")
+            _positive_int(owner, arg, getattr(self, arg))
         _check_tokenizer_args(owner, self.tokenizer, self.max_caption_tokens, self.num_threads)
 
     def required_fields(self) -> Mapping[str, FieldKind]:

@@ -22,8 +22,8 @@ import numpy as np
 from mdata.errors import SampleError, SourceError, TransformConfigError, VideoDecodeError, VideoLimitError
 from mdata.sources.fields import FieldKind
 from mdata.sources.transforms import (ChunkContext, SampleOutput, SampleTransform, TransformResult,
-                                      _check_field, _check_tokenizer_args, _encode_isolating,
-                                      _finish_tokens, _texts, _Tokenizing)
+                                      _check_media_caption, _check_tokenizer_args, _encode_isolating,
+                                      _finish_tokens, _positive_int, _texts, _Tokenizing)
 from mdata.sources.video import VideoLimits, VideoProblem, decode_clip, pyav, sample_seed
 
 __all__ = ["DecodeVideoCaption"]
@@ -73,10 +73,7 @@ class DecodeVideoCaption(_Tokenizing, SampleTransform):
 
     def __post_init__(self) -> None:
         owner = "DecodeVideoCaption"
-        _check_field(owner, "video_field", self.video_field)
-        _check_field(owner, "caption_field", self.caption_field)
-        if self.video_field == self.caption_field:
-            raise TransformConfigError(f"{owner}: video_field and caption_field are both {self.video_field!r}")
+        _check_media_caption(owner, "video_field", self.video_field, self.caption_field)
         for arg in ("patch_size", "max_bytes", "max_pixels", "max_frames", "decode_threads"):
             _positive_int(owner, arg, getattr(self, arg))
         size = tuple(self.frame_size) if isinstance(self.frame_size, (tuple, list)) else ()
@@ -180,7 +177,3 @@ class DecodeVideoCaption(_Tokenizing, SampleTransform):
 
         return self._assemble(columns, context, probe)
 
-
-def _positive_int(owner: str, arg: str, value: Any) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise TransformConfigError(f"{owner}: {arg} must be a positive int, got {value!r}")
