@@ -58,6 +58,8 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 import time
 from pathlib import Path
 
@@ -127,6 +129,24 @@ def _start_cluster(corpus: Path, constructors: int, log: Path) -> tuple[subproce
         raise RuntimeError(f"mdata cluster up exited with {proc.wait()} before printing its address: "
                            + log.read_text()[-2000:])
     return proc, address
+
+
+@contextmanager
+def _cluster(corpus: Path, constructors: int) -> Iterator[tuple[subprocess.Popen, str]]:
+    """:func:`_start_cluster` for the length of a ``with``: a failure inside quotes the end of the
+    cluster's log, and the cluster is stopped however the block ends."""
+    log = Path(tempfile.mkdtemp(prefix="mdata-control-")) / "cluster.log"
+    proc, address = _start_cluster(corpus, constructors=constructors, log=log)
+    try:
+        yield proc, address
+    except Exception as exc:
+        raise RuntimeError(f"{exc}; the cluster's log ends: {log.read_text()[-1500:]}") from exc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 def _install_loop_probe(dask_scheduler=None) -> None:
@@ -283,9 +303,7 @@ def run(quick: bool) -> dict:
         fixed, per_group, dp, steps = (8, 24), (8, 24), 8, 7
     else:
         fixed, per_group, dp, steps = (16, 64, 256, 1024), (16, 64, 256), FIXED_DP, 12
-    log = Path(tempfile.mkdtemp(prefix="mdata-control-")) / "cluster.log"
-    proc, address = _start_cluster(corpus, constructors=1 if quick else 2, log=log)
-    try:
+    with _cluster(corpus, constructors=1 if quick else 2) as (proc, address):
         points, polled = [], []  # pushed locations and long polls, point by point
         for n in fixed:
             points.append(sweep_point(address, proc.pid, sources, n=n, dp=dp, steps=steps,
@@ -298,14 +316,6 @@ def run(quick: bool) -> dict:
         # of one client asked together), measured in the same run
         alone = sweep_point(address, proc.pid, sources, n=fixed[-1], dp=dp, steps=steps,
                             job=f"control-{fixed[-1]}-alone", gather_s=0.0, push=False)
-    except Exception as exc:
-        raise RuntimeError(f"{exc}; the cluster's log ends: {log.read_text()[-1500:]}") from exc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
     base, per_rank = _slope([(p["n"], p["cpu_ms_per_step"]) for p in points])
     _, per_rank_and_group = _slope([(p["n"], p["cpu_ms_per_step"]) for p in group_points])
     per_group_ms = max(0.0, per_rank_and_group - per_rank)
@@ -379,24 +389,14 @@ def push_vs_poll(ns: tuple[int, ...], dp: int, steps: int, repeats: int) -> dict
 
     corpus = corpus_dir()
     sources = example_sources(corpus)
-    log = Path(tempfile.mkdtemp(prefix="mdata-control-")) / "cluster.log"
-    proc, address = _start_cluster(corpus, constructors=2, log=log)
     runs: dict[tuple[str, int], list[dict]] = {}
-    try:
+    with _cluster(corpus, constructors=2) as (proc, address):
         for r in range(repeats):
             for n in ns:
                 for mode, push in (("push", None), ("poll", False)):
                     runs.setdefault((mode, n), []).append(sweep_point(
                         address, proc.pid, sources, n=n, dp=dp, steps=steps,
                         job=f"compare-{mode}-{n}-{r}", push=push))
-    except Exception as exc:
-        raise RuntimeError(f"{exc}; the cluster's log ends: {log.read_text()[-1500:]}") from exc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
     out: dict = {"dp": dp, "steps": steps, "repeats": repeats}
     for mode in ("push", "poll"):
         medians = [(n, statistics.median(p["cpu_ms_per_step"] for p in runs[(mode, n)])) for n in ns]

@@ -24,6 +24,7 @@ from mdata.mesh import ClientPlaceTree
 from mdata.plan import Plan
 from mdata.trainer import Loader
 from test_failures import plan_for
+from test_recovery import constructor_cluster  # noqa: F401  (fixture: one constructor to kill)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 
@@ -76,18 +77,6 @@ def test_ranks_of_one_client_get_every_step_with_far_fewer_scheduler_messages(cl
     assert messages * 3 <= ranks * STEPS, push  # far fewer messages than the ranks' steps
     assert messages < poll["requests"], (push, poll)
     close(client, "polled", "pushed")
-
-
-@pytest.fixture
-def constructor_cluster(example_sources_small):
-    from mdata.driver import PoolSpec, start_cluster
-
-    sources = example_sources_small[:4]
-    pools = [PoolSpec("text", tuple(s.name for s in sources), workers=1, threads=2)]
-    with start_cluster(sources, pools=pools, constructors=1, constructor_threads=1,
-                       autoscale=False) as cluster:
-        with cluster.client() as c:
-            yield c
 
 
 def test_a_pushed_location_of_a_killed_constructor_leads_to_the_rebuilt_batch(

@@ -7,16 +7,7 @@ import pytest
 
 from benchmarks.e2e_baselines import BASELINES, baseline_steps, blend_index
 from benchmarks.e2e_model import MODELS, planner_cost
-from mdata.metadata import SourceMetadata
-
-
-def _meta() -> dict[str, SourceMetadata]:
-    rng = np.random.default_rng(0)
-    text = np.minimum(rng.lognormal(7.0, 1.2, 600), 20000).astype(np.int32) + 1
-    patches = rng.integers(100, 900, 300).astype(np.int32)
-    caption = (patches + rng.integers(5, 40, 300)).astype(np.int32)
-    return {"text": SourceMetadata("text", (text[:300], text[300:]), (np.zeros(300, np.int32),) * 2),
-            "images": SourceMetadata("images", (caption,), (patches,))}
+from test_e2e_sim import _meta  # the same small synthetic text + image metadata
 
 
 def test_blend_index_keeps_every_prefix_within_two_samples_of_its_share() -> None:
