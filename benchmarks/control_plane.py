@@ -403,12 +403,13 @@ def push_vs_poll(ns: tuple[int, ...], dp: int, steps: int, repeats: int,
     with _cluster(corpus, constructors=2) as (proc, address):
         for r in range(repeats):
             for n in ns:
-                for mode, config in modes:
+                for mode, config in (modes if r % 2 == 0 else modes[::-1]):  # no order bias
                     point = sweep_point(address, proc.pid, sources, n=n, dp=dp, steps=steps,
                                         job=f"compare-{mode}-{n}-{r}", **config)
                     runs.setdefault((mode, n), []).append(point)
                     print(f"round {r} {mode} N={n}: {point['cpu_ms_per_step']:.1f} ms CPU, "
-                          f"{point['messages_per_step']:.1f} messages per step", file=sys.stderr,
+                          f"{point['messages_per_step']:.1f} messages per step, "
+                          f"{point['steps_per_s']:.2f} steps/s", file=sys.stderr,
                           flush=True)  # a run cut short still says what it measured
     out: dict = {"dp": dp, "steps": steps, "repeats": repeats}
     for mode, _ in modes:
