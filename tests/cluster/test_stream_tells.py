@@ -165,3 +165,47 @@ def test_a_tell_with_a_bad_lease_reaches_the_training_loop_typed(client, example
     else:
         assert seen["streamed"] == 0 and seen["rpcs"] >= 1, seen
     JobHandle(client, job).close()
+
+
+def test_a_tell_waiting_when_the_clients_stream_drops_is_resent_on_the_new_one(
+        mdata_cluster, example_sources_small):
+    """Rank 0's client drops the confirmation of the step-0 tells (the hub's test hook), so a
+    teller waits; then the client's connection to the scheduler is aborted and Dask reconnects
+    it. The waiting tell goes again on the new stream (the reply timeout is far longer than the
+    run, so only the new stream sent it), and the ranks get what an uninterrupted run got."""
+    from distributed import Client
+
+    plan = plan_of(example_sources_small)
+    with dask.config.set({"mdata.requests.timeout": "120s"}), \
+            Client(mdata_cluster.scheduler_address, set_as_default=False,
+                   direct_to_workers=True) as client:
+        submit_job(client, plan, job="steady")
+        reference = run_loaders(client, job="steady", world_size=RANKS, steps=STEPS, keep=received)
+        JobHandle(client, "steady").close()
+        submit_job(client, plan, job="reconnect")
+        loaders = [Loader(client, job="reconnect", rank=r, world_size=RANKS, steps=STEPS, timeout=60)
+                   for r in range(RANKS)]
+        its = [iter(loader) for loader in loaders]
+        got = {r: [received(next(it))] for r, it in enumerate(its)}
+        stream = loaders[0]._hub.streamed
+        stream.drop = 1
+        old = client.scheduler_comm
+        for r, it in enumerate(its):
+            got[r].append(received(next(it)))  # step 0 consumed: its tells go
+        deadline = time.monotonic() + 30
+        while not stream._waiting or stream.drop:  # a teller waits for what was dropped
+            assert time.monotonic() < deadline, (stream.sent, stream.drop, stream._waiting)
+            time.sleep(0.02)
+        client.loop.add_callback(old.comm.abort)
+        for _ in range(STEPS - 2):
+            for r, it in enumerate(its):
+                got[r].append(received(next(it)))
+        for loader in loaders:
+            loader.mark_consumed()
+            loader.close()
+        assert client.scheduler_comm is not old and stream.resent >= 1, stream.resent
+        assert got == reference
+        assert settled(client, "reconnect")["counters"]["consumed_step"] == STEPS
+        seen = counters(client, "reconnect")
+        assert seen["steps_consumed"] == {r: STEPS for r in range(RANKS)}, seen
+        JobHandle(client, "reconnect").close()
