@@ -17,8 +17,8 @@ timeout raises :class:`~mdata.errors.RequestTimeoutError`, as the RPC would have
 the steps and tells them again later). The scheduler counts a repeated step once.
 
 The stream is used only once the scheduler said it takes tells there (``HostLocationReply.tells``,
-with the push subscription); until then, and with ``mdata.trainer.stream-tells`` off, tells go as
-the RPC.
+with the push subscription); until then, and with ``mdata.trainer.stream-tells`` off (the default,
+until it measures faster), tells go as the RPC.
 """
 
 from __future__ import annotations

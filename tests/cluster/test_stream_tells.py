@@ -2,7 +2,7 @@
 
 With pushed locations the ranks of a client seldom send location requests, so what their
 training loops consumed used to go as one ``mdata_consumed`` RPC per client and step. With
-``mdata.trainer.stream-tells`` on (the default) it goes as one message over the client's stream,
+``mdata.trainer.stream-tells`` on (the tests' fixture; off by default) it goes as one message over the client's stream,
 which the scheduler confirms over its stream to the client. Each test runs the real Loader on a
 real cluster and reads the Planner's own counters: which path the tells took, how often a step
 was told twice, what every rank consumed, and the lineage's exactly-once check.
@@ -29,6 +29,12 @@ pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 
 STEPS = 8
 RANKS = 4
+
+
+@pytest.fixture(autouse=True)
+def stream_tells():
+    with dask.config.set({"mdata.trainer.stream-tells": True}):
+        yield
 
 
 def received(batch) -> tuple:
