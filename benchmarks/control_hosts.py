@@ -60,12 +60,13 @@ def _rank_loop(client, job: str, rank: int, world: int, steps: int, timeout: flo
 
 def run_host(address: str, job: str, ranks: list[int], world: int, steps: int,
              timeout: float, results, gather_s: float | None = None,
-             push: bool | None = None) -> None:
+             push: bool | None = None, tells: bool | None = None) -> None:
     """Process body: run ``ranks`` of ``job`` for ``steps`` steps over one shared client and put
     ``{"ranks": {rank: record}, "errors": [...]}`` on the ``results`` queue. ``gather_s``:
     ``mdata.trainer.location-gather`` for this host (0: every rank asks alone, as before ranks
     of one client asked together); ``push``: ``mdata.trainer.location-push`` (False: ranks
-    long-poll every step, as before the scheduler pushed locations; None: the default)."""
+    long-poll every step, as before the scheduler pushed locations; None: the default);
+    ``tells``: ``mdata.trainer.stream-tells`` (False: consumption as ``mdata_consumed`` RPCs)."""
     import logging
 
     import dask
@@ -75,6 +76,8 @@ def run_host(address: str, job: str, ranks: list[int], world: int, steps: int,
         dask.config.set({"mdata.trainer.location-gather": gather_s})
     if push is not None:
         dask.config.set({"mdata.trainer.location-push": bool(push)})
+    if tells is not None:
+        dask.config.set({"mdata.trainer.stream-tells": bool(tells)})
     logging.getLogger("distributed").setLevel(logging.ERROR)
     out: dict[int, Any] = {}
     errors: list[str] = []

@@ -204,18 +204,21 @@ def _next_result(results, hosts, cluster_pid: int, deadline: float) -> dict:
                 raise RuntimeError("the trainer hosts did not finish in time") from None
 
 
-def _read_messages(dask_scheduler=None, job: str = "") -> tuple[int, int, int]:
-    """On the scheduler: location requests and consumption requests served, and pushes sent,
-    for ``job`` so far."""
+def _read_messages(dask_scheduler=None, job: str = "") -> tuple[int, int, int, int]:
+    """On the scheduler: location requests and consumption requests served, pushes sent and
+    consumption messages taken from clients' streams, for ``job`` so far."""
     runtime = dask_scheduler.extensions["mdata"].jobs[job]
-    return runtime.location_requests, runtime.consumed_requests, runtime.pusher.messages
+    return (runtime.location_requests, runtime.consumed_requests, runtime.pusher.messages,
+            runtime.consumed_streamed)
 
 
 def sweep_point(address: str, pid: int, sources, *, n: int, dp: int, steps: int, job: str,
-                gather_s: float | None = None, push: bool | None = None) -> dict:
+                gather_s: float | None = None, push: bool | None = None,
+                tells: bool | None = None) -> dict:
     """Run ``n`` ranks (DP ``dp``, TP ``n // dp``) for ``steps`` steps; what the scheduler spent.
     ``gather_s``: the hosts' ``mdata.trainer.location-gather`` (None: the default); ``push``:
-    their ``mdata.trainer.location-push`` (None: the default)."""
+    their ``mdata.trainer.location-push``, ``tells`` their ``mdata.trainer.stream-tells`` (None:
+    the default)."""
     from distributed import Client
 
     from benchmarks.control_hosts import run_host
@@ -230,7 +233,7 @@ def sweep_point(address: str, pid: int, sources, *, n: int, dp: int, steps: int,
         results = ctx.Queue()
         procs = [ctx.Process(target=run_host, daemon=True,
                              args=(address, job, list(range(h * per_host, min(n, (h + 1) * per_host))),
-                                   n, steps, TIMEOUT, results, gather_s, push))
+                                   n, steps, TIMEOUT, results, gather_s, push, tells))
                  for h in range(hosts)]
         sampler = _CpuSampler(pid)
         sampler.start()
@@ -250,7 +253,7 @@ def sweep_point(address: str, pid: int, sources, *, n: int, dp: int, steps: int,
             p.join(timeout=30)
         sampler.stop()
         lags = client.run_on_scheduler(_read_loop_lags)
-        requests_seen, tells_seen, pushes = client.run_on_scheduler(_read_messages, job=job)
+        requests_seen, tells_seen, pushes, streamed = client.run_on_scheduler(_read_messages, job=job)
         client.run_on_scheduler(lambda dask_scheduler=None: dask_scheduler._mdata_bench_loop_probe.cancel())
         JobHandle(client, job).close()
     if errors or len(records) != n:
@@ -275,8 +278,9 @@ def sweep_point(address: str, pid: int, sources, *, n: int, dp: int, steps: int,
     acks = [s for r in records.values() for s in r["ack_s"][WARMUP:]]
     requests, asks = sum(h[0] for h in hubs), sum(h[1] for h in hubs)
     return {"asks_per_request": asks / requests if requests else float("nan"),
-            "messages_per_step": (requests_seen + tells_seen + pushes) / steps,
+            "messages_per_step": (requests_seen + tells_seen + pushes + streamed) / steps,
             "requests_per_step": requests_seen / steps, "tells_per_step": tells_seen / steps,
+            "streamed_tells_per_step": streamed / steps,
             "pushes_per_step": pushes / steps,
             "n": n, "dp": dp, "cpu_ms_per_step": cpu_ms, "steps_per_s": window_steps / (end - start),
             "locate_p50_ms": 1000 * _percentile(locate, 0.5), "locate_p99_ms": 1000 * _percentile(locate, 0.99),
@@ -377,28 +381,38 @@ def run(quick: bool) -> dict:
     return figures
 
 
-def push_vs_poll(ns: tuple[int, ...], dp: int, steps: int, repeats: int) -> dict:
+def push_vs_poll(ns: tuple[int, ...], dp: int, steps: int, repeats: int,
+                 tells: bool = False) -> dict:
     """Pushed locations against long polls side by side, in one cluster: for each world size in
     ``ns`` (DP ``dp``), ``repeats`` rounds of one push point and one poll point, interleaved so
     that load on the machine hits both alike; per mode the median scheduler CPU per step and
     messages per step, then the per-rank slopes and ``max_ranks_at_1_step_per_s`` of the medians
     (per-group cost left out: the DP is fixed). Run ``python -m benchmarks.control_plane
-    --compare 64 256 --dp 16``; it prints the figures as JSON."""
+    --compare 64 256 --dp 16``; it prints the figures as JSON. ``tells`` (``--tells``): compare
+    instead consumption told over the clients' streams (``stream``, the default) with the
+    ``mdata_consumed`` RPCs (``rpc``, ``mdata.trainer.stream-tells`` off), both with push."""
     from benchmarks.workload import corpus_dir
     from mdata.data.example import example_sources
 
     corpus = corpus_dir()
     sources = example_sources(corpus)
     runs: dict[tuple[str, int], list[dict]] = {}
+    modes: tuple[tuple[str, dict], ...] = (
+        (("stream", {"tells": True}), ("rpc", {"tells": False})) if tells
+        else (("push", {"push": None}), ("poll", {"push": False})))
     with _cluster(corpus, constructors=2) as (proc, address):
         for r in range(repeats):
             for n in ns:
-                for mode, push in (("push", None), ("poll", False)):
-                    runs.setdefault((mode, n), []).append(sweep_point(
-                        address, proc.pid, sources, n=n, dp=dp, steps=steps,
-                        job=f"compare-{mode}-{n}-{r}", push=push))
+                for mode, config in (modes if r % 2 == 0 else modes[::-1]):  # no order bias
+                    point = sweep_point(address, proc.pid, sources, n=n, dp=dp, steps=steps,
+                                        job=f"compare-{mode}-{n}-{r}", **config)
+                    runs.setdefault((mode, n), []).append(point)
+                    print(f"round {r} {mode} N={n}: {point['cpu_ms_per_step']:.1f} ms CPU, "
+                          f"{point['messages_per_step']:.1f} messages per step, "
+                          f"{point['steps_per_s']:.2f} steps/s", file=sys.stderr,
+                          flush=True)  # a run cut short still says what it measured
     out: dict = {"dp": dp, "steps": steps, "repeats": repeats}
-    for mode in ("push", "poll"):
+    for mode, _ in modes:
         medians = [(n, statistics.median(p["cpu_ms_per_step"] for p in runs[(mode, n)])) for n in ns]
         base, slope = _slope(medians) if len(ns) > 1 else (medians[0][1], 0.0)
         out[mode] = {
@@ -406,7 +420,7 @@ def push_vs_poll(ns: tuple[int, ...], dp: int, steps: int, repeats: int) -> dict
             "cpu_ms_per_step_all": {n: [p["cpu_ms_per_step"] for p in runs[(mode, n)]] for n in ns},
             **{what: {n: statistics.median(p[what] for p in runs[(mode, n)]) for n in ns}
                for what in ("messages_per_step", "requests_per_step", "tells_per_step",
-                            "pushes_per_step")},
+                            "streamed_tells_per_step", "pushes_per_step")},
             "steps_per_s": {n: statistics.median(p["steps_per_s"] for p in runs[(mode, n)]) for n in ns},
             "loop_blocked_p99_ms": {n: statistics.median(p["loop_blocked_p99_ms"] for p in runs[(mode, n)])
                                     for n in ns},
@@ -425,5 +439,8 @@ if __name__ == "__main__":
     parser.add_argument("--dp", type=int, default=FIXED_DP)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--tells", action="store_true",
+                        help="compare consumption tells over the streams with mdata_consumed RPCs")
     args = parser.parse_args()
-    print(json.dumps(push_vs_poll(tuple(args.compare), args.dp, args.steps, args.repeats), indent=1))
+    print(json.dumps(push_vs_poll(tuple(args.compare), args.dp, args.steps, args.repeats,
+                                  args.tells), indent=1))

@@ -47,6 +47,7 @@ from scheduler_plugins.lineage_store import LineageStore
 from scheduler_plugins.location_push import LocationPusher
 from scheduler_plugins.planner_view import PlannerView
 from scheduler_plugins.recoveries import RecoveryTally
+from scheduler_plugins.told_steps import ToldSteps
 from workers.constructor import construct_task
 from workers.loader import chunk_summary_task, load_chunk_task
 
@@ -140,7 +141,9 @@ class JobRuntime:
         self.pusher = LocationPusher(self)  # built batches' locations, pushed to subscribed clients
         self.location_requests = 0  # location requests served, and the rank asks they carried
         self.location_asks = 0
-        self.consumed_requests = 0  # consumption told on its own (mdata_consumed)
+        self.consumed_requests = 0  # consumption told on its own (mdata_consumed), and over streams
+        self.consumed_streamed = 0
+        self.told = ToldSteps()  # each rank's steps told consumed: a resend counts once
         self._pending: list = []  # acknowledgements waiting for the Planner (see _handle_coalesced)
         self._pending_done: asyncio.Future | None = None
         from mdata import config
@@ -439,11 +442,11 @@ class JobRuntime:
         await self._handle_coalesced(*self._consumption(rank, step, token))
 
     def consumed_told(self, rank: int, steps: tuple[int, ...], token: str, stalled_s: float,
-                      waits: tuple[float, ...] = ()) -> None:
+                      waits: tuple[float, ...] = ()) -> tuple[int, ...]:
         """``rank`` consumed ``steps``, told with its location request (checked by the handler):
         queued for the Planner now, without waiting for them to be applied, so the long poll
         that carried them goes on at once. ``waits``: the loop's exposed wait of each step, for
-        the dashboard's waiting page (:mod:`mdata.data_waits`)."""
+        the dashboard's waiting page (:mod:`mdata.data_waits`). Returns the steps told first."""
         if stalled_s >= 0:
             self.stalled_seconds[rank] = stalled_s
         if waits:
@@ -451,8 +454,11 @@ class JobRuntime:
             for step, wait in zip(steps, waits):
                 if math.isfinite(wait) and wait >= 0:  # -1: not measured
                     self.data_waits.waited(rank, step, wait, at=now, storage_waiting=storage)
-        if not self._closed:
-            self._enqueue([ev for step in steps for ev in self._consumption(rank, step, token)])
+        if self._closed:
+            return ()
+        first = [self.told.first(rank, step, token) for step in steps]  # a resend counts once
+        self._enqueue([ev for s, new in zip(steps, first) for ev in self._consumption(rank, s, token, new)])
+        return tuple(s for s, new in zip(steps, first) if new)
 
     def pushed_waits(self, rank: int, steps, waited) -> None:
         """How long ``rank``'s prefetcher waited for the pushed locations of ``steps`` (-1: it
@@ -462,11 +468,13 @@ class JobRuntime:
                 self.wait_seconds[rank] += seconds
                 self.trainer_meter.waited(rank, step, seconds)
 
-    def _consumption(self, rank: int, step: int, token: str) -> list:
+    def _consumption(self, rank: int, step: int, token: str, first: bool | None = None) -> list:
         """The events of ``rank`` consuming ``step``: its delivery first (consumption implies it),
-        unless told already, then the consumption; counted for the rank's status."""
+        unless told already, then the consumption; counted for the rank's status when ``first``
+        told (None: look it up; a repeat changes nothing in the Planner either)."""
         self.consumed_steps[rank] = max(self.consumed_steps.get(rank, -1), step)
-        self.trainer_meter.consumed(rank, step)
+        if self.told.first(rank, step, token) if first is None else first:
+            self.trainer_meter.consumed(rank, step)
         return [*self._delivery(rank, step, token),
                 ps.BatchConsumed(step=step, rank=rank, stimulus_id=f"ack-{rank}-{step}")]
 
@@ -555,6 +563,7 @@ class JobRuntime:
         self.batch_errors.clear()
         self.consumed_steps.clear()
         self.delivered.clear()
+        self.told.clear()
         self.failure, self.failure_error = None, None
         self.failed.clear()
         self.state = state

@@ -45,6 +45,7 @@ from scheduler_plugins.request_checks import (
 )
 from scheduler_plugins.standbys import StandbyKeeper
 from scheduler_plugins.storage_poll import StoragePoller
+from scheduler_plugins.stream_tells import StreamTells, take_tells
 from workers.loader import as_key
 from workers.plugin import (
     PLUGIN_NAME, MdataWorkerPlugin, RefusedRequestFilter, install_closed_comm_filter, install_log_filter,
@@ -81,6 +82,7 @@ class PlannerPlugin(SchedulerPlugin):
         self.standbys: StandbyKeeper | None = None  # the pools' warm standbys (scheduler_plugins.standbys)
         self.scaler_status: msg.ScalerStatus | None = None  # the pool autoscaler's last report
         self.callers = JobCallers()  # who may change each job (mdata.planner.callers)
+        self.tells: StreamTells | None = None  # consumption told over clients' streams
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self, scheduler) -> None:
@@ -113,6 +115,7 @@ class PlannerPlugin(SchedulerPlugin):
         }
         self._handlers = {cls.handler.value: msg.serve(cls, fn) for cls, fn in served.items()}
         scheduler.handlers.update(self._handlers)
+        self.tells = StreamTells(scheduler, lambda: self.jobs)  # consumption over clients' streams
         await scheduler.register_worker_plugin(
             None, pickle_dumps(MdataWorkerPlugin()), name=PLUGIN_NAME, idempotent=True
         )
@@ -132,6 +135,8 @@ class PlannerPlugin(SchedulerPlugin):
         if self.scheduler is not None:
             for name in self._handlers:
                 self.scheduler.handlers.pop(name, None)
+            if self.tells is not None:
+                self.tells.close()
             self.scheduler.extensions.pop("mdata", None)
         if self._client is not None:
             await self._client.close()
@@ -298,30 +303,15 @@ class PlannerPlugin(SchedulerPlugin):
         located = await runtime.locate_many(req.step, asks, req.timeout)
         for i, reply in zip(asking, located):
             answers[i] = reply
-        return msg.HostLocationReply(tuple(answers), pushing=pushing)
+        return msg.HostLocationReply(tuple(answers), pushing=pushing, tells=pushing)
 
     async def consumed(self, req: msg.ConsumedRequest) -> msg.ConsumedReply:
         """What several ranks' training loops consumed (the steps no location request carried);
-        each tell is checked as an ack is, and a wrong one gets its own error back."""
-        handler = req.handler.value
+        each tell is checked as an ack is, and a wrong one gets its own error back. The same
+        tells come over clients' streams too (scheduler_plugins.stream_tells)."""
         runtime = self._job(req.job)
         runtime.consumed_requests += 1
-        errors: list[MdataError | None] = []
-        for tell in req.tells:
-            try:
-                check_rank(handler, tell.rank, runtime.plan.mesh.world_size)
-                check_lease(handler, tell.rank, tell.token, runtime.roster, tell.generation)
-                for step in tell.steps:
-                    check_received(handler, runtime.view, tell.rank, check_step(handler, step))
-                waited = [check_stall(handler, tell.rank, w) for w in tell.waited]
-                runtime.consumed_told(tell.rank, tell.steps, tell.token,
-                                      check_stall(handler, tell.rank, tell.stalled_s), tell.waits)
-                runtime.pushed_waits(tell.rank, tell.steps, waited)
-            except MdataError as exc:
-                errors.append(exc)
-                continue
-            errors.append(None)
-        return msg.ConsumedReply(tuple(errors))
+        return msg.ConsumedReply(take_tells(runtime, req.tells, req.handler.value))
 
     @staticmethod
     def _take_told(runtime: JobRuntime, handler: str, req: Any) -> None:

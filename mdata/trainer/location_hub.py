@@ -10,7 +10,9 @@ hands each rank its own answer. A rank alone in its process asks at once, withou
 
 Consumption that no location request carried (the Loaders' teller threads,
 :mod:`mdata.trainer.consumption`) is gathered the same way into one
-:class:`~mdata.wire.host_location.ConsumedRequest`.
+:class:`~mdata.wire.host_location.ConsumedRequest`, or, once the scheduler pushes to this client
+(and ``mdata.trainer.stream-tells`` is on), into one message over the client's stream that the
+scheduler confirms (:mod:`mdata.trainer.stream_tells`): no RPC for the scheduler to serve.
 
 Ranks whose batches were not ready by the answer get ``TIMEOUT`` and simply ask again (with
 whoever asks for that step next); a request that fails (the scheduler is gone) fails every rank
@@ -30,9 +32,11 @@ import time
 from typing import Any
 
 from mdata.trainer.pushed_locations import PushedLocations, current_stream, push_handler
+from mdata.trainer.stream_tells import TellStream, confirm_handler
 from mdata.wire.delivery import BatchLocation, BatchLocationReply
 from mdata.wire.host_location import ConsumedRequest, ConsumedTell, HostLocationRequest, LocationAsk
 from mdata.wire.location_push import PUSH_OP
+from mdata.wire.stream_tells import CONFIRM_OP
 from mdata.wire.messages import Status, ask_sync
 
 __all__ = ["LocationHub", "hub_for"]
@@ -62,10 +66,14 @@ class _Round:
 class LocationHub:
     """The location requests of the Loaders of one job that share one client (module docstring)."""
 
-    def __init__(self, client: Any, job: str, gather_s: float = 0.005, push: bool = False) -> None:
+    def __init__(self, client: Any, job: str, gather_s: float = 0.005, push: bool = False,
+                 tells_timeout_s: float | None = None) -> None:
         self.client, self.job, self.gather_s = client, job, float(gather_s)
         # locations the scheduler pushes (None: push off, every location is asked for)
         self.pushes = PushedLocations(client, job) if push else None
+        # consumption told over the client's stream (None: as the mdata_consumed RPC)
+        self.streamed = (TellStream(client, job, tells_timeout_s)
+                         if push and tells_timeout_s is not None else None)
         self.members = 0
         self.requests = 0  # sent so far, and the asks they carried: how well ranks were grouped
         self.asks = 0
@@ -94,6 +102,8 @@ class LocationHub:
             if pushes is not None and reply.pushing:
                 pushes.subscribed([(a.rank, a.generation) for a, r in zip(asks, reply.answers)
                                    if r.status is not Status.FAILED], stream)
+            if self.streamed is not None and reply.tells:
+                self.streamed.accepted = True
             return reply.answers
 
         return self._together(step, ask, float(poll), send)
@@ -113,6 +123,8 @@ class LocationHub:
     def tell(self, tell: ConsumedTell) -> None:
         """Tell ``tell`` with this process' other ranks' consumption; raises its own error."""
         def send(tells: tuple, _polls: list[float]) -> tuple:
+            if self.streamed is not None and self.streamed.usable():
+                return self.streamed.tell(tells)
             return ask_sync(self.client, ConsumedRequest(job=self.job, tells=tells)).errors
 
         error = self._together("consumed", tell, 0.0, send)
@@ -165,10 +177,14 @@ def hub_for(client: Any, job: str) -> LocationHub:
         hub = _hubs.get(key)
         if hub is None or hub.client is not client:
             push = bool(config.get("trainer.location-push")) and hasattr(client, "_stream_handlers")
-            hub = _hubs[key] = LocationHub(client, job, config.seconds("trainer.location-gather"),
-                                           push=push)
+            tells = push and bool(config.get("trainer.stream-tells"))
+            hub = _hubs[key] = LocationHub(
+                client, job, config.seconds("trainer.location-gather"), push=push,
+                tells_timeout_s=config.seconds("requests.timeout") if tells else None)
             if push and PUSH_OP not in client._stream_handlers:  # one handler for all its hubs
                 client._stream_handlers[PUSH_OP] = push_handler(client, _hubs, _hubs_lock)
+            if tells and CONFIRM_OP not in client._stream_handlers:
+                client._stream_handlers[CONFIRM_OP] = confirm_handler(client, _hubs, _hubs_lock)
         hub.join()
         return hub
 

@@ -58,6 +58,7 @@ class HostLocationReply(Message):
 
     answers: tuple[BatchLocationReply, ...]
     pushing: bool = False  # the scheduler pushes the asks' later locations (mdata.wire.location_push)
+    tells: bool = False  # the scheduler takes consumption over the client's stream (mdata.wire.stream_tells)
 
     def to_msg(self) -> dict[str, Any]:
         shared = next((a.location.checkpoint for a in self.answers if a.location is not None), None)
@@ -71,6 +72,8 @@ class HostLocationReply(Message):
         out = {"answers": answers, "checkpoint": shared}
         if self.pushing:
             out["pushing"] = True
+        if self.tells:
+            out["tells"] = True
         return out
 
     @classmethod
@@ -86,7 +89,8 @@ class HostLocationReply(Message):
                 value = {**value, "checkpoint": shared}
             return BatchLocationReply.from_msg(value)
 
-        out = cls(r.list("answers", answer), check_bool(r.raw("pushing", False), r, "pushing"))
+        out = cls(r.list("answers", answer), check_bool(r.raw("pushing", False), r, "pushing"),
+                  check_bool(r.raw("tells", False), r, "tells"))
         r.done()
         return out
 

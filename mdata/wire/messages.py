@@ -56,6 +56,7 @@ from mdata.wire.host_location import (
 )
 from mdata.wire.errors import MessageError, NoHandlerError, error_from_msg, error_to_msg
 from mdata.wire.location_push import PUSH_OP, LocationPush, PushedGroup
+from mdata.wire.stream_tells import CONFIRM_OP, TELL_OP, StreamedTells, TellsConfirmed
 from mdata.wire.timeouts import reply_timeout, within
 from mdata.wire.inspection import (
     ExactlyOnce, LineageReply, LineageRequest, StatusCounters, StatusReply,
@@ -90,6 +91,8 @@ __all__ = [
     "ConsumedTell",
     # pushed locations (the scheduler's stream to a client, no handler)
     "PUSH_OP", "LocationPush", "PushedGroup",
+    # consumption tells over the client's stream, each confirmed (no handler)
+    "TELL_OP", "CONFIRM_OP", "StreamedTells", "TellsConfirmed",
     # trainers' leases
     "AttachRequest", "AttachReply", "DetachRequest",
     # construct

@@ -131,6 +131,11 @@ MESSAGES = [
         m.ConsumedTell(rank=5, steps=(5, 6), token="t2k", generation=1, stalled_s=1.0,
                        waits=(0.75, -1.0)))),
     m.ConsumedReply((None, None)),
+    m.StreamedTells(job="pretrain", seq=7, tells=(
+        m.ConsumedTell(rank=3, steps=(4, 5), token="t0k", generation=1, waited=(0.5, -1.0)),
+        m.ConsumedTell(rank=4, steps=(5,), token="t1k", generation=1))),
+    m.TellsConfirmed(job="pretrain", seq=7, errors=(None, None)),
+    m.HostLocationReply((m.BatchLocationReply(m.Status.TIMEOUT),), pushing=True, tells=True),
     m.AckRequest(job="pretrain", rank=3, step=5),
     m.AckRequest(job="pretrain", rank=3, step=5, consumed=False, token="t0k", generation=2),
     m.BatchLocationRequest(job="pretrain", rank=3, step=5, timeout=2.0, token="t0k", generation=1),
@@ -280,6 +285,21 @@ def test_a_consumed_reply_carries_each_tells_error_typed():
     back = m.ConsumedReply.from_msg(through_msgpack(reply.to_msg()))
     assert back.errors[0] is None
     assert type(back.errors[1]) is InvalidRequestError and "rank 4: step 5" in str(back.errors[1])
+
+
+def test_a_tells_confirmation_carries_each_tells_error_or_the_messages_typed():
+    from mdata.wire.errors import InvalidRequestError
+
+    confirmed = m.TellsConfirmed("pretrain", 8, (None, InvalidRequestError("mdata_consumed: rank 4: bad lease")))
+    back = m.TellsConfirmed.from_msg(through_msgpack(confirmed.to_msg()))
+    errors = back.per_tell(2)
+    assert back.seq == 8 and errors[0] is None
+    assert type(errors[1]) is InvalidRequestError and "bad lease" in str(errors[1])
+    refused = m.TellsConfirmed.from_msg(through_msgpack(
+        m.TellsConfirmed("gone", 9, error=InvalidRequestError("no mdata job named 'gone'")).to_msg()))
+    assert [type(e) for e in refused.per_tell(3)] == [InvalidRequestError] * 3
+    with pytest.raises(MessageError, match="seq"):
+        m.StreamedTells.from_msg({"job": "pretrain", "seq": "7", "tells": []})
 
 
 def test_request_messages_are_the_handlers_keyword_arguments():

@@ -1,0 +1,128 @@
+"""The Planner takes consumption tells from clients' batched streams, and confirms each.
+
+The trainers' hubs send what their ranks' training loops consumed as one
+:class:`~mdata.wire.stream_tells.StreamedTells` per client over its existing stream to the
+scheduler (op :data:`~mdata.wire.stream_tells.TELL_OP`), instead of one ``mdata_consumed`` RPC
+(each RPC costs the scheduler a comm read, a dispatch and a reply write). :class:`StreamTells`
+registers the stream handler when the Planner starts and removes it when it closes. Each message
+is taken exactly as ``mdata_consumed`` takes its request (:func:`take_tells`, which both
+use: the same checks, each tell's own typed error) and answered with one
+:class:`~mdata.wire.stream_tells.TellsConfirmed` over the scheduler's stream to that client
+(``scheduler.client_comms``), batched by Dask with the location pushes going there.
+
+A stream handler that raises closes the client's whole stream, so this one never does: a
+message it cannot read is confirmed with the error when it has a sequence number (its sender
+hears it), else logged and dropped (no sender of this version sends one). A sender resends a
+message not confirmed in time; the runtime counts a repeated step once
+(:mod:`scheduler_plugins.told_steps`), and the pure Planner ignores it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from mdata.errors import MdataError
+from mdata.wire.codec import Handler
+from mdata.wire.errors import InvalidRequestError
+from mdata.wire.host_location import ConsumedTell
+from mdata.wire.stream_tells import CONFIRM_OP, TELL_OP, StreamedTells, TellsConfirmed
+from scheduler_plugins.rank_checks import check_lease, check_received, check_stall
+from scheduler_plugins.request_checks import check_rank, check_step
+
+if TYPE_CHECKING:
+    from scheduler_plugins.job_runtime import JobRuntime
+
+__all__ = ["StreamTells", "take_tells"]
+
+logger = logging.getLogger("mdata.planner")
+
+#: The handler name the checks quote in their errors: a streamed tell is an ``mdata_consumed``.
+HANDLER = Handler.CONSUMED.value
+
+
+def take_tells(runtime: "JobRuntime", tells: Iterable[ConsumedTell],
+               handler: str = HANDLER) -> tuple[MdataError | None, ...]:
+    """Check and queue for the Planner what several ranks' training loops consumed; per tell,
+    its error or None. Each tell is checked as an ack is, so a wrong one fails alone."""
+    errors: list[MdataError | None] = []
+    for tell in tells:
+        try:
+            check_rank(handler, tell.rank, runtime.plan.mesh.world_size)
+            check_lease(handler, tell.rank, tell.token, runtime.roster, tell.generation)
+            for step in tell.steps:
+                check_received(handler, runtime.view, tell.rank, check_step(handler, step))
+            waited = [check_stall(handler, tell.rank, w) for w in tell.waited]
+            first = set(runtime.consumed_told(tell.rank, tell.steps, tell.token,
+                                              check_stall(handler, tell.rank, tell.stalled_s),
+                                              tell.waits))
+            if waited:  # a resent step's wait was counted when it was first told
+                steps = [(s, w) for s, w in zip(tell.steps, waited) if s in first]
+                runtime.pushed_waits(tell.rank, [s for s, _ in steps], [w for _, w in steps])
+        except MdataError as exc:
+            errors.append(exc)
+            continue
+        errors.append(None)
+    return tuple(errors)
+
+
+class StreamTells:
+    """The scheduler's stream handler for :data:`TELL_OP` (see the module docstring);
+    ``jobs()``: the Planner's jobs by name, read at each message."""
+
+    def __init__(self, scheduler: Any, jobs: Callable[[], dict[str, "JobRuntime"]]) -> None:
+        self.scheduler, self.jobs = scheduler, jobs
+        self.messages = 0  # messages taken, and confirmations sent
+        self.confirmed = 0
+        scheduler.stream_handlers[TELL_OP] = self.on_tell
+
+    def close(self) -> None:
+        if self.scheduler.stream_handlers.get(TELL_OP) == self.on_tell:
+            del self.scheduler.stream_handlers[TELL_OP]
+
+    def on_tell(self, client: str = "", tells: Any = None, **_ignored: Any) -> None:
+        """One client's message (on the event loop): take it, confirm it; never raises."""
+        self.messages += 1
+        try:
+            message = StreamedTells.from_msg(tells)
+        except MdataError as exc:
+            seq, job = _loose(tells)
+            if seq is None:
+                logger.warning("mdata: dropped a consumption tell from %s with no sequence "
+                               "number: %s", client, exc)
+                return
+            self._confirm(client, TellsConfirmed(job, seq, error=exc))
+            return
+        try:
+            runtime = self.jobs().get(message.job)
+            if runtime is None:
+                raise InvalidRequestError(f"no mdata job named {message.job!r} on this cluster")
+            runtime.consumed_streamed += 1
+            reply = TellsConfirmed(message.job, message.seq, take_tells(runtime, message.tells))
+        except MdataError as exc:
+            reply = TellsConfirmed(message.job, message.seq, error=exc)
+        except Exception as exc:  # noqa: BLE001 - a bug here must not close the client's stream
+            logger.exception("mdata: taking consumption tells from %s failed", client)
+            reply = TellsConfirmed(message.job, message.seq, error=MdataError(
+                f"the Planner failed taking consumption tells: {type(exc).__name__}: {exc}"))
+        self._confirm(client, reply)
+
+    def _confirm(self, client: str, reply: TellsConfirmed) -> None:
+        comm = self.scheduler.client_comms.get(client)
+        if comm is None:  # gone: it resends on its next stream, and hears it then
+            return
+        try:
+            comm.send({"op": CONFIRM_OP, "confirmed": reply.to_msg()})
+            self.confirmed += 1
+        except Exception as exc:  # noqa: BLE001 - a closing stream: the sender resends
+            logger.debug("mdata: confirmation to %s failed: %r", client, exc)
+
+
+def _loose(msg: Any) -> tuple[int | None, str]:
+    """The sequence number and job of a message that could not be read whole, if it has them."""
+    if not isinstance(msg, dict):
+        return None, ""
+    seq, job = msg.get("seq"), msg.get("job")
+    return (seq if isinstance(seq, int) and not isinstance(seq, bool) else None,
+            job if isinstance(job, str) else "")
