@@ -27,6 +27,7 @@ from tornado.ioloop import PeriodicCallback
 from mdata import planner as ps
 from mdata.checkpoint import Checkpoint
 from mdata.errors import MdataError, PlanError
+from mdata.gc_freeze import freeze_long_lived
 from mdata.plan import Plan
 from mdata.planner.callers import JobCallers
 from mdata.spec import scheduler_trust
@@ -123,6 +124,7 @@ class PlannerPlugin(SchedulerPlugin):
         self._periodic = PeriodicCallback(self._tick, self.tick_ms)
         self._periodic.start()
         scheduler.extensions["mdata"] = self  # dashboard pages find the Planner here
+        freeze_long_lived("the Planner started")  # full collections would stall the loop (gc_freeze)
 
     async def close(self) -> None:
         if self._periodic is not None:
@@ -250,6 +252,7 @@ class PlannerPlugin(SchedulerPlugin):
         self.jobs[job] = runtime
         self.standbys.job_registered(plan_obj)  # the pools' standbys open the job's sources
         await runtime.tick()
+        freeze_long_lived(f"job {job!r} registered")  # its plan and listings live as long as it
         logger.info("mdata job %s registered: %s", job, plan_obj)
         return self._job_info(runtime)
 

@@ -14,6 +14,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 import mdata.wire.frames  # noqa: F401  registers the batch wire format on this worker
 from mdata.distribution import shipped_object
 from mdata.errors import MdataError
+from mdata.gc_freeze import freeze_long_lived
 from mdata.wire.messages import (
     GetBatchRequest, SetRoleRequest, StorageWaitsRequest, TakeRowsManyRequest, TakeRowsRequest,
     serve,
@@ -109,6 +110,7 @@ class MdataWorkerPlugin(WorkerPlugin):
         worker.handlers[GetBatchRequest.handler.value] = serve(GetBatchRequest, make_get_batch_handler(worker))
         worker.handlers[StorageWaitsRequest.handler.value] = serve(StorageWaitsRequest, storage_waits_handler)
         worker.handlers[SetRoleRequest.handler.value] = serve(SetRoleRequest, make_set_role_handler(worker))
+        freeze_long_lived("mdata's worker plugin set up")  # full collections stall the worker's loop
 
     def teardown(self, worker) -> None:
         from distributed.core import Status

@@ -21,6 +21,7 @@ from typing import Any
 from mdata.dashboard_pages import PAGES, page_lines
 from mdata.driver.cluster import start_cluster
 from mdata.errors import MdataError, PlanError
+from mdata.gc_freeze import dedicate_process
 
 __all__ = ["cluster_up_cli", "dashboard_lines"]
 
@@ -116,6 +117,7 @@ def cluster_up_cli(args: argparse.Namespace) -> int:
 
     tls = tls_files_from_args(args)  # None: plain TCP; else tls:// for every process (mdata.driver.tls)
     security = None if tls is None else cluster_security(tls)
+    dedicate_process()  # this process only serves: its scheduler may freeze (mdata.gc_freeze)
     with start_cluster(sources, layout=layout, constructors=args.constructors, host=args.host,
                        dashboard_address=args.dashboard_address, scheduler_port=args.port,
                        security=security) as c:

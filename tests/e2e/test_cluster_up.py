@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
@@ -45,6 +46,10 @@ def test_cluster_up_prints_addresses_and_serves_trainers(example_corpus):
                 .distribute(ClientPlaceTree(dp=1)).special_tokens(image_token_id=100_277).seed(2))
         with Client(address, set_as_default=False) as client:
             submit_job(client, plan, job="up")
+            # a process that only serves moves its long-lived objects out of full garbage
+            # collections (mdata.gc_freeze): the scheduler's and every worker's
+            assert client.run_on_scheduler(gc.get_freeze_count) > 10_000
+            assert all(n > 10_000 for n in client.run(gc.get_freeze_count).values())
         with Loader(address, job="up", rank=0, world_size=1, steps=2, timeout=60) as loader:
             batches = list(loader)
         assert [b["step"] for b in batches] == [0, 1]
