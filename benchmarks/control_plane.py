@@ -26,7 +26,13 @@ Figures (``control.*``):
   (``ack_ms_on_loop_p99`` too), at the largest fixed-DP world;
 * ``loop_blocked_ms_p99``: the scheduler's event loop's longest blocked interval per step (a probe
   coroutine on the loop measures how late its 5 ms sleeps wake), p99 over steps, at the largest
-  fixed-DP world;
+  fixed-DP world; ``loop_held_ms_p99`` the same less the time the loop's thread sat in the run
+  queue without a CPU (on this shared machine that is the trainers' and workers' processes, not
+  the scheduler's own doing), and ``full_gc_max_ms`` the longest full garbage collection in the
+  scheduler then (it holds the GIL, whichever thread ran it), ``full_gc_ms`` what one full
+  collection on the scheduler takes after the run. ``--gc-freeze`` compares the
+  scheduler with its long-lived objects frozen out of full collections (:mod:`mdata.gc_freeze`)
+  against not, side by side;
 * ``asks_per_request``: location asks per request at the largest fixed-DP world, long-polling (ranks that share
   a client ask together, :mod:`mdata.trainer.location_hub`); ``scheduler_cpu_ms_per_step_<n>_ranks_alone``:
   the same world with every rank long-polling alone (``mdata.trainer.location-gather`` 0 and
@@ -151,23 +157,83 @@ def _cluster(corpus: Path, constructors: int) -> Iterator[tuple[subprocess.Popen
 
 def _install_loop_probe(dask_scheduler=None) -> None:
     """Runs on the scheduler: a coroutine that sleeps 5 ms at a time and records how late it woke,
-    i.e. how long the event loop was held by something else."""
+    i.e. how long the event loop was held by something else, and how much of that the loop's
+    thread spent runnable but without a CPU (its run-queue wait from /proc: on a shared machine
+    other processes, not the scheduler, are then to blame); plus the length of every full
+    garbage collection (a full collection holds the GIL, so it stalls the loop whatever thread
+    triggered it)."""
     import asyncio
+    import gc
 
-    lags: list[tuple[float, float]] = []
+    lags: list[tuple[float, float, float]] = []  # (wall time, late by, of which run-queue wait)
+    pauses: list[tuple[float, float]] = []  # (wall time, seconds) of full collections
     dask_scheduler._mdata_bench_loop_lags = lags
+    dask_scheduler._mdata_bench_gc_pauses = pauses
+    stat = Path(f"/proc/self/task/{threading.get_native_id()}/schedstat")
+
+    def waited() -> float:
+        try:
+            return int(stat.read_text().split()[1]) / 1e9
+        except (OSError, IndexError, ValueError):
+            return 0.0
+
+    began_gc: list[float] = []
+
+    def on_gc(phase: str, info: dict) -> None:
+        if info.get("generation") != 2:
+            return
+        if phase == "start":
+            began_gc[:] = [time.perf_counter()]
+        elif began_gc:
+            pauses.append((time.time(), time.perf_counter() - began_gc[0]))
+
+    gc.callbacks.append(on_gc)
+    dask_scheduler._mdata_bench_gc_callback = on_gc
 
     async def probe() -> None:
         while len(lags) < 500_000:
-            began = time.monotonic()
+            began, queued = time.monotonic(), waited()
             await asyncio.sleep(0.005)
-            lags.append((time.time(), time.monotonic() - began - 0.005))
+            lags.append((time.time(), time.monotonic() - began - 0.005, waited() - queued))
 
     dask_scheduler._mdata_bench_loop_probe = asyncio.get_running_loop().create_task(probe())
 
 
-def _read_loop_lags(dask_scheduler=None) -> list:
-    return list(getattr(dask_scheduler, "_mdata_bench_loop_lags", []))
+def _remove_loop_probe(dask_scheduler=None) -> None:
+    import gc
+
+    dask_scheduler._mdata_bench_loop_probe.cancel()
+    callback = getattr(dask_scheduler, "_mdata_bench_gc_callback", None)
+    if callback in gc.callbacks:
+        gc.callbacks.remove(callback)
+
+
+def _read_loop_lags(dask_scheduler=None) -> tuple[list, list]:
+    return (list(getattr(dask_scheduler, "_mdata_bench_loop_lags", [])),
+            list(getattr(dask_scheduler, "_mdata_bench_gc_pauses", [])))
+
+
+def _timed_full_collection(dask_scheduler=None) -> float:
+    """On the scheduler: seconds one full garbage collection takes now (what any full
+    collection during a step would hold the loop for)."""
+    import gc
+
+    began = time.perf_counter()
+    gc.collect()
+    return time.perf_counter() - began
+
+
+def _set_freeze(dask_scheduler=None, on: bool = True) -> int:
+    """On the scheduler: freeze the objects alive now out of full collections (as
+    :func:`mdata.gc_freeze.freeze_long_lived` does), or unfreeze them all; the frozen count."""
+    import gc
+
+    if on:
+        gc.collect()
+        gc.freeze()
+    else:
+        gc.unfreeze()
+    return gc.get_freeze_count()
 
 
 def _plan(sources, dp: int, tp: int):
@@ -214,11 +280,12 @@ def _read_messages(dask_scheduler=None, job: str = "") -> tuple[int, int, int, i
 
 def sweep_point(address: str, pid: int, sources, *, n: int, dp: int, steps: int, job: str,
                 gather_s: float | None = None, push: bool | None = None,
-                tells: bool | None = None) -> dict:
+                tells: bool | None = None, freeze: bool | None = None) -> dict:
     """Run ``n`` ranks (DP ``dp``, TP ``n // dp``) for ``steps`` steps; what the scheduler spent.
     ``gather_s``: the hosts' ``mdata.trainer.location-gather`` (None: the default); ``push``:
     their ``mdata.trainer.location-push``, ``tells`` their ``mdata.trainer.stream-tells`` (None:
-    the default)."""
+    the default); ``freeze``: freeze the scheduler's objects out of full collections after the
+    job registered (True), or unfreeze them all (False; None: as ``mdata.gc-freeze`` left them)."""
     from distributed import Client
 
     from benchmarks.control_hosts import run_host
@@ -226,6 +293,8 @@ def sweep_point(address: str, pid: int, sources, *, n: int, dp: int, steps: int,
 
     with Client(address, set_as_default=False) as client:
         submit_job(client, _plan(sources, dp, n // dp), job=job)
+        if freeze is not None:
+            client.run_on_scheduler(_set_freeze, on=freeze)
         client.run_on_scheduler(_install_loop_probe)
         hosts = max(1, math.ceil(n / MAX_RANKS_PER_HOST))
         per_host = math.ceil(n / hosts)
@@ -252,9 +321,10 @@ def sweep_point(address: str, pid: int, sources, *, n: int, dp: int, steps: int,
         for p in procs:
             p.join(timeout=30)
         sampler.stop()
-        lags = client.run_on_scheduler(_read_loop_lags)
+        lags, gc_pauses = client.run_on_scheduler(_read_loop_lags)
+        full_gc_s = client.run_on_scheduler(_timed_full_collection)
         requests_seen, tells_seen, pushes, streamed = client.run_on_scheduler(_read_messages, job=job)
-        client.run_on_scheduler(lambda dask_scheduler=None: dask_scheduler._mdata_bench_loop_probe.cancel())
+        client.run_on_scheduler(_remove_loop_probe)
         JobHandle(client, job).close()
     if errors or len(records) != n:
         raise RuntimeError(f"control plane at {n} ranks: {len(records)} of {n} ranks finished; "
@@ -272,8 +342,14 @@ def sweep_point(address: str, pid: int, sources, *, n: int, dp: int, steps: int,
     cpu_ms = (sampler.at(end) - sampler.at(start)) * 1000.0 / window_steps
     # the loop's longest block per step: bins of the steady window's steps
     width = (end - start) / window_steps
-    per_step = [max((lag for t, lag in lags if start + i * width <= t < start + (i + 1) * width),
-                    default=0.0) for i in range(int(window_steps))]
+    def worst(i: int, held: bool) -> float:
+        inside = [(lag - queued if held else lag) for t, lag, queued in lags
+                  if start + i * width <= t < start + (i + 1) * width]
+        return max(inside, default=0.0)
+
+    per_step = [worst(i, False) for i in range(int(window_steps))]
+    per_step_held = [worst(i, True) for i in range(int(window_steps))]
+    full_gcs = [d for t, d in gc_pauses if start <= t <= end]
     locate = [s for r in records.values() for s in r["locate_s"][WARMUP:]]
     acks = [s for r in records.values() for s in r["ack_s"][WARMUP:]]
     requests, asks = sum(h[0] for h in hubs), sum(h[1] for h in hubs)
@@ -285,7 +361,11 @@ def sweep_point(address: str, pid: int, sources, *, n: int, dp: int, steps: int,
             "n": n, "dp": dp, "cpu_ms_per_step": cpu_ms, "steps_per_s": window_steps / (end - start),
             "locate_p50_ms": 1000 * _percentile(locate, 0.5), "locate_p99_ms": 1000 * _percentile(locate, 0.99),
             "ack_ms": 1000 * statistics.median(acks), "ack_p99_ms": 1000 * _percentile(acks, 0.99),
-            "loop_blocked_p99_ms": 1000 * _percentile(per_step, 0.99)}
+            "loop_blocked_p99_ms": 1000 * _percentile(per_step, 0.99),
+            "loop_held_p99_ms": 1000 * _percentile(per_step_held, 0.99),
+            "full_gcs_per_step": len(full_gcs) / window_steps,
+            "full_gc_max_ms": 1000 * max(full_gcs, default=0.0),
+            "full_gc_ms": 1000 * full_gc_s}
 
 
 def _slope(points: list[tuple[float, float]]) -> tuple[float, float]:
@@ -346,6 +426,11 @@ def run(quick: bool) -> dict:
                                          note=f"median, N={top['n']}"),
         "control.ack_ms_on_loop_p99": figure(top["ack_p99_ms"], unit="ms", note=f"N={top['n']}"),
         "control.loop_blocked_ms_p99": figure(top["loop_blocked_p99_ms"], unit="ms", note=f"N={top['n']}"),
+        "control.loop_held_ms_p99": figure(top["loop_held_p99_ms"], unit="ms",
+                                           note=f"N={top['n']}; lateness less the loop thread's run-queue wait"),
+        "control.full_gc_max_ms": figure(top["full_gc_max_ms"], unit="ms", note=f"N={top['n']}"),
+        "control.full_gc_ms": figure(top["full_gc_ms"], unit="ms",
+                                     note=f"N={top['n']}; one full collection on the scheduler after the run"),
         "control.asks_per_request": figure(top_poll["asks_per_request"], note=(
             f"N={top['n']}, {MAX_RANKS_PER_HOST} ranks per host client, long polls: location asks "
             "per request")),
@@ -382,7 +467,7 @@ def run(quick: bool) -> dict:
 
 
 def push_vs_poll(ns: tuple[int, ...], dp: int, steps: int, repeats: int,
-                 tells: bool = False) -> dict:
+                 tells: bool = False, gc_freeze: bool = False) -> dict:
     """Pushed locations against long polls side by side, in one cluster: for each world size in
     ``ns`` (DP ``dp``), ``repeats`` rounds of one push point and one poll point, interleaved so
     that load on the machine hits both alike; per mode the median scheduler CPU per step and
@@ -390,7 +475,9 @@ def push_vs_poll(ns: tuple[int, ...], dp: int, steps: int, repeats: int,
     (per-group cost left out: the DP is fixed). Run ``python -m benchmarks.control_plane
     --compare 64 256 --dp 16``; it prints the figures as JSON. ``tells`` (``--tells``): compare
     instead consumption told over the clients' streams (``stream``, the default) with the
-    ``mdata_consumed`` RPCs (``rpc``, ``mdata.trainer.stream-tells`` off), both with push."""
+    ``mdata_consumed`` RPCs (``rpc``, ``mdata.trainer.stream-tells`` off), both with push;
+    ``gc_freeze`` (``--gc-freeze``): the scheduler's objects frozen out of full garbage
+    collections (``frozen``, :mod:`mdata.gc_freeze`) against not (``unfrozen``), both with push."""
     from benchmarks.workload import corpus_dir
     from mdata.data.example import example_sources
 
@@ -399,6 +486,7 @@ def push_vs_poll(ns: tuple[int, ...], dp: int, steps: int, repeats: int,
     runs: dict[tuple[str, int], list[dict]] = {}
     modes: tuple[tuple[str, dict], ...] = (
         (("stream", {"tells": True}), ("rpc", {"tells": False})) if tells
+        else (("frozen", {"freeze": True}), ("unfrozen", {"freeze": False})) if gc_freeze
         else (("push", {"push": None}), ("poll", {"push": False})))
     with _cluster(corpus, constructors=2) as (proc, address):
         for r in range(repeats):
@@ -409,7 +497,11 @@ def push_vs_poll(ns: tuple[int, ...], dp: int, steps: int, repeats: int,
                     runs.setdefault((mode, n), []).append(point)
                     print(f"round {r} {mode} N={n}: {point['cpu_ms_per_step']:.1f} ms CPU, "
                           f"{point['messages_per_step']:.1f} messages per step, "
-                          f"{point['steps_per_s']:.2f} steps/s", file=sys.stderr,
+                          f"{point['steps_per_s']:.2f} steps/s, loop late p99 "
+                          f"{point['loop_blocked_p99_ms']:.0f} ms (held {point['loop_held_p99_ms']:.0f}), "
+                          f"{point['full_gcs_per_step']:.2f} full GCs/step, longest "
+                          f"{point['full_gc_max_ms']:.0f} ms; one now {point['full_gc_ms']:.1f} ms",
+                          file=sys.stderr,
                           flush=True)  # a run cut short still says what it measured
     out: dict = {"dp": dp, "steps": steps, "repeats": repeats}
     for mode, _ in modes:
@@ -422,8 +514,9 @@ def push_vs_poll(ns: tuple[int, ...], dp: int, steps: int, repeats: int,
                for what in ("messages_per_step", "requests_per_step", "tells_per_step",
                             "streamed_tells_per_step", "pushes_per_step")},
             "steps_per_s": {n: statistics.median(p["steps_per_s"] for p in runs[(mode, n)]) for n in ns},
-            "loop_blocked_p99_ms": {n: statistics.median(p["loop_blocked_p99_ms"] for p in runs[(mode, n)])
-                                    for n in ns},
+            **{what: {n: statistics.median(p[what] for p in runs[(mode, n)]) for n in ns}
+               for what in ("loop_blocked_p99_ms", "loop_held_p99_ms", "full_gcs_per_step",
+                            "full_gc_max_ms", "full_gc_ms")},
             "scheduler_cpu_us_per_rank_step": 1000 * slope,
             "max_ranks_at_1_step_per_s": (1000.0 - base) / slope if slope > 0 else float("inf"),
         }
@@ -441,6 +534,8 @@ if __name__ == "__main__":
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--tells", action="store_true",
                         help="compare consumption tells over the streams with mdata_consumed RPCs")
+    parser.add_argument("--gc-freeze", action="store_true",
+                        help="compare the scheduler frozen out of full garbage collections with not")
     args = parser.parse_args()
     print(json.dumps(push_vs_poll(tuple(args.compare), args.dp, args.steps, args.repeats,
-                                  args.tells), indent=1))
+                                  args.tells, args.gc_freeze), indent=1))

@@ -22,7 +22,10 @@ At scale (issue 20): ``planner.ms_per_step_16384`` is DP 1024 x CP 4 x TP 4 (16,
 median block of each into phases (:mod:`benchmarks.planner_phases`, ms per step). The measured
 steps are the 10th to the 60th: at 10k sources most sources are still drawn for the first time
 there, so the split shows their first shuffle window and chunk loads (``apportion``, ``chunks``,
-``loads``) as well as the steady per-step work.
+``loads``) as well as the steady per-step work. ``planner.ms_per_step_4096_10k_sources_steady``
+measures the same shape after 300 steps (40 in the quick run), when the chunk loads have fallen
+from hundreds per step to the few a step's samples need; ``..._steady`` over
+``planner.ms_per_step_4096`` is ``planner.sources_ratio_10k_vs_1k_steady``.
 """
 
 from __future__ import annotations
@@ -155,6 +158,10 @@ def run(quick: bool) -> dict[str, float]:
     big = _ms_per_step(ClientPlaceTree(dp=1024, cp=4, tp=4), batch, 1000, warmup, blocks,
                        block_steps, phases=split_16k)
     many = _ms_per_step(flat, batch, 10_000, warmup, blocks, block_steps, phases=split_10k)
+    # past the first shuffle windows of most sources (10k sources draw ~1.5k of them per step)
+    split_steady: dict[str, float] = {}
+    steady = _ms_per_step(flat, batch, 10_000, 40 if quick else 300, blocks, block_steps,
+                          phases=split_steady)
     figures = {
         "planner.ms_per_step_4096": one,
         "planner.ms_per_step_4096_per_rank_acks": trickle,
@@ -164,9 +171,12 @@ def run(quick: bool) -> dict[str, float]:
         "planner.ms_per_step_16384": big,
         "planner.ms_per_step_4096_10k_sources": many,
         "planner.sources_ratio_10k_vs_1k": many / one,
+        "planner.ms_per_step_4096_10k_sources_steady": steady,
+        "planner.sources_ratio_10k_vs_1k_steady": steady / one,
     }
     figures.update({f"planner.split_16384.{k}": v for k, v in split_16k.items()})
     figures.update({f"planner.split_4096_10k_sources.{k}": v for k, v in split_10k.items()})
+    figures.update({f"planner.split_4096_10k_sources_steady.{k}": v for k, v in split_steady.items()})
     return figures
 
 

@@ -13,6 +13,17 @@ from mdata.trainer import Loader
 
 @pytest.fixture(scope="module")
 def example_sources_small(example_corpus):
+    """The example corpus' text and image sources: what most cluster tests mix. The video source
+    is left out (its pool and its decoding cost every module's cluster a process and seconds on
+    a 2-core machine); tests of video use :func:`example_sources_with_video`."""
+    from mdata.data.example import example_sources
+
+    return [s for s in example_sources(example_corpus) if s.name != "videos"]
+
+
+@pytest.fixture(scope="module")
+def example_sources_with_video(example_corpus):
+    """Every source of the example corpus, the video one included."""
     from mdata.data.example import example_sources
 
     return example_sources(example_corpus)

@@ -39,10 +39,10 @@ def received(batch) -> tuple:
 
 
 @pytest.fixture(scope="module")
-def video_cluster(example_sources_small):
+def video_cluster(example_sources_with_video):
     from mdata.driver import PoolSpec, start_cluster
 
-    by_name = {s.name: s for s in example_sources_small}
+    by_name = {s.name: s for s in example_sources_with_video}
     # Chunks of 2 clips: several chunks per shard, so a loader holds some when it is killed.
     sources = [by_name["chat"], dataclasses.replace(by_name["videos"], chunk_rows=2)]
     pools = [PoolSpec("text", ("chat",), workers=1, threads=1),
