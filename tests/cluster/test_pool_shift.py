@@ -90,3 +90,17 @@ def test_the_autoscaler_survives_errors_and_says_so(example_sources_small):
         finally:
             scaler.stop()
         assert not scaler.status().running
+
+
+def test_the_video_pool_follows_a_mixture_shift_toward_video(tmp_path, example_corpus):
+    # the same shift toward the example corpus's real clips (PyAV decodes a seeded window of
+    # frames per sample): the video pool grows from its first size and the text pool shrinks
+    out = run_shift(steps=90, shift_step=40, step_s=0.25, interval=1.0, data_dir=tmp_path,
+                    media="videos", corpus=example_corpus)
+    assert out["scaler_errors"] == 0
+    assert out["start_sizes"] == {"text": 2, "videos": 1}
+    assert out["final_sizes"]["videos"] > 1, out["decisions"]
+    assert out["final_sizes"]["text"] < out["sizes_at_shift"]["text"], out["decisions"]
+    assert out["converge_intervals"] <= 3.0, out["decisions"]
+    video_reasons = [reason for _, group, *_, reason in out["decisions"] if group == "videos"]
+    assert video_reasons and all("ms/sample" in r for r in video_reasons), out["decisions"]
