@@ -120,7 +120,14 @@ class ConstructBatch(Instruction):
 
 @dataclass(frozen=True, eq=False)
 class StepSummary:
-    """Dashboard figures of one balanced step (arrays are per DP rank or per source)."""
+    """Dashboard figures of one balanced step (arrays are per DP rank or per source).
+
+    ``measure`` says what ``per_rank_cost`` and ``lower_bound`` are: ``"cost"`` (each rank's
+    total cost: the step takes as long as the largest) or ``"1F1B makespan"`` (a plan balanced by
+    pipeline stage, :mod:`mdata.balance.stage_balance`: each rank's makespan through its
+    pipeline, against the stage lower bound); ``scalar_makespan`` is then the makespan the scalar
+    balancer's assignment would have had, so ``scalar_makespan / max(per_rank_cost)`` is what
+    balancing by stage gained on this step."""
 
     step: int
     per_rank_cost: np.ndarray
@@ -134,6 +141,8 @@ class StepSummary:
     truncated: int
     skipped: int
     names: tuple[str, ...] = ()
+    measure: str = "cost"
+    scalar_makespan: float | None = None
 
     def to_dict(self, names: Sequence[str] | None = None) -> dict[str, Any]:
         """JSON-safe form; per-source figures are keyed by source name."""
@@ -150,6 +159,8 @@ class StepSummary:
             "target_weights": dict(zip(names, self.target_weights.tolist())),
             "truncated": self.truncated,
             "skipped": self.skipped,
+            "measure": self.measure,
+            "scalar_makespan": self.scalar_makespan,
         }
 
     def keys(self) -> list[str]:

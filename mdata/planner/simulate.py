@@ -49,6 +49,10 @@ class SimulationResult:
     skipped: np.ndarray  # int64[n]
     samples: dict[int, list[list[tuple[str, int, int]]]] | None = None
     checkpoints: dict[int, dict[str, Any]] | None = None  # step -> Checkpoint.to_dict()
+    #: what per_rank_cost holds: "cost" (each rank's total) or "1F1B makespan" (balanced by
+    #: pipeline stage; lower_bound is then the stage lower bound), see StepSummary
+    measure: str = "cost"
+    scalar_makespan: np.ndarray | None = None  # float64[n], by stage only: the scalar plan's
 
     @property
     def makespan(self) -> np.ndarray:
@@ -197,6 +201,9 @@ def simulate(
         target_weights=np.stack([s.target_weights for s in summaries]),
         truncated=np.array([s.truncated for s in summaries], np.int64),
         skipped=np.array([s.skipped for s in summaries], np.int64),
+        measure=summaries[0].measure if summaries else "cost",
+        scalar_makespan=(np.array([s.scalar_makespan for s in summaries])
+                         if summaries and summaries[0].scalar_makespan is not None else None),
         samples=samples,
         checkpoints=taken if wanted else None,
     )

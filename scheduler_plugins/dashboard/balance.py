@@ -4,7 +4,9 @@ A synchronous step takes as long as its most expensive rank; no assignment can b
 bound ``max(total / ranks, largest sample)``. The first plot shows every rank's cost (dots) with
 the lower bound (line); the second the ratio max / lower bound over time (1.0 is perfect). Costs
 are in the cost model's unit: GPU-ms when it is calibrated to measured step times, else relative
-(:func:`mdata.cost.cost_unit`); the axis says which.
+(:func:`mdata.cost.cost_unit`); the axis says which. A plan balanced by pipeline stage shows each
+rank's 1F1B makespan against the stage lower bound instead (the axis and titles say so), since
+that is what it evens out.
 """
 
 from __future__ import annotations
@@ -59,9 +61,13 @@ class BalancePanel:
             self.step_source.data = {c: [] for c in STEP_COLUMNS}
             return
         figs = balance_figures(runtime, last=self.last_steps)
-        label = f"cost ({figs['unit']})"
+        measure = figs["measure"]
+        label = f"{measure} ({figs['unit']})"
         if self.cost.yaxis[0].axis_label != label:
             self.cost.yaxis[0].axis_label = label
+            self.cost.title.text = (f"{measure} per DP rank (dots) vs lower bound (line); click a "
+                                    "rank in the legend to hide it")
+            self.imbalance.title.text = f"imbalance: max {measure} / lower bound"
         data = {c: [] for c in COLUMNS}
         for step, costs in zip(figs["steps"], figs["per_rank_cost"]):
             for rank, cost in enumerate(costs):

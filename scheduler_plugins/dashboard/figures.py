@@ -182,6 +182,11 @@ def balance_figures(runtime: "JobRuntime", *, last: int | None = None) -> dict[s
     what the costs are in (``GPU-ms`` for a calibrated cost model, else ``relative cost``:
     :func:`mdata.cost.cost_unit`).
 
+    ``measure``: what the per-rank figures are, ``cost`` (each rank's total) or ``1F1B
+    makespan`` (a plan balanced by pipeline stage), from the newest step;
+    ``scalar_makespan``: per step, the makespan scalar balancing would have given (None when
+    not balanced by stage).
+
     ``last`` keeps only the newest steps.
     """
     steps = _steps(runtime)
@@ -199,6 +204,8 @@ def balance_figures(runtime: "JobRuntime", *, last: int | None = None) -> dict[s
         "mean_cost": [sum(c) / len(c) for c in per_rank],
         "max_over_lower_bound": [float(s["max_over_lower_bound"]) for s in steps],
         "max_over_mean": [float(s["max_over_mean"]) for s in steps],
+        "measure": str(steps[-1].get("measure", "cost")) if steps else "cost",
+        "scalar_makespan": [s.get("scalar_makespan") for s in steps],
     }
 
 

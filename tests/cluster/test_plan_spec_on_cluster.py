@@ -289,6 +289,17 @@ def test_module_costs_cross_as_data_and_the_scheduler_balances_by_stage(cluster)
     batches = run_loaders(client, job="by-stage", world_size=4, steps=2)
     assert sorted(batches) == [0, 1, 2, 3]
     assert all([b["step"] for b in batches[r]] == [0, 1] for r in batches)
+
+    def balance(dask_scheduler):  # what the dashboard's balance page and its JSON route show
+        from scheduler_plugins.dashboard.figures import balance_figures
+
+        return balance_figures(dask_scheduler.extensions["mdata"].jobs["by-stage"])
+
+    shown = client.run_on_scheduler(balance)
+    assert shown["measure"] == "1F1B makespan" and len(shown["steps"]) >= 2
+    for makespans, bound, scalar in zip(shown["per_rank_cost"], shown["lower_bound"],
+                                        shown["scalar_makespan"]):
+        assert len(makespans) == 2 and bound <= max(makespans) * (1 + 1e-9) <= scalar * (1 + 1e-9)
     client.sync(client.scheduler.mdata_close_job, job="by-stage", client=client.id)
     bad = {**spec, "cost": {**spec["cost"], "args": {**spec["cost"]["args"], "layer_split": [1, 1, 1]}}}
     with pytest.raises(PlanError, match=r"layer_split has 3 entries but the mesh has pp=2"):

@@ -150,3 +150,18 @@ def test_planner_balances_by_stage_and_adds_modules_up_without_pipeline() -> Non
         assert sorted(sum(staged[0].samples[step], [])) == sorted(sum(staged[1].samples[step], []))
     with pytest.raises(PlanError, match="pp=4"):
         simulate(_plan(ModuleCost({"llm": llm}, layer_split=[1, 1])), 1, meta)
+
+
+def test_a_step_balanced_by_stage_is_summarised_by_its_makespans() -> None:
+    # the dashboard and `mdata plan simulate` read StepSummary: for a plan balanced by stage it
+    # must hold each rank's 1F1B makespan against the stage lower bound, not the rank totals
+    meta = _metadata()
+    llm, vision = AttentionCost(a=1.0, b=2048.0), ImagePatchCost(per_patch=1024.0)
+    staged = simulate(_plan(ModuleCost({"llm": llm, "vision": vision})), 4, meta)
+    assert staged.measure == "1F1B makespan"
+    assert (staged.makespan >= staged.lower_bound * (1 - 1e-9)).all()
+    assert staged.scalar_makespan is not None
+    assert (staged.scalar_makespan >= staged.makespan * (1 - 1e-9)).all()  # never slower
+    assert (staged.scalar_makespan > staged.makespan * (1 + 1e-6)).any()  # and it did gain here
+    scalar = simulate(_plan(CombinedCost(llm, vision)), 4, meta)
+    assert scalar.measure == "cost" and scalar.scalar_makespan is None
