@@ -139,3 +139,24 @@ def test_an_undecodable_clip_under_on_corrupt_skip_is_quarantined_and_the_job_go
     assert not any((1, 1, r) in delivered for r in lost)
     assert any(s[0] == 1 for s in delivered)  # the other clips still arrive
     close(client, "video-skip")
+
+
+def test_a_text_and_video_job_resumed_from_its_trainers_checkpoint_gets_the_same_frames(video_cluster):
+    """Stop after 3 steps, restore the ranks' state_dict as a new job: every later sample, token
+    and pixel equals the uninterrupted run's (clip windows are drawn from the samples' seeds, not
+    from any state a restart loses)."""
+    client, sources = video_cluster
+    plan = plan_for(sources)
+    submit_job(client, plan, job="video-whole")
+    whole = run_loaders(client, job="video-whole", world_size=2, steps=STEPS, keep=received)
+    close(client, "video-whole")
+    submit_job(client, plan, job="video-first")
+    states: dict[int, dict] = {}
+    first = run_loaders(client, job="video-first", world_size=2, steps=3, keep=received, states=states)
+    close(client, "video-first")
+    assert first == {r: whole[r][:3] for r in range(2)} and states[0]["next_step"] == 3
+    resumed = run_loaders(client, job="video-resumed", plan=plan, world_size=2, steps=STEPS - 3,
+                          keep=received, checkpoints=states)
+    assert resumed == {r: whole[r][3:] for r in range(2)}
+    assert any(any(s == 1 for s, *_ in ids) for r in range(2) for _, ids, _ in resumed[r])  # videos
+    close(client, "video-resumed")
