@@ -28,7 +28,8 @@ MODULES = {"control": "control_plane"}
 
 # Order matters only for reading the table: cheap, pure figures first.
 BENCHMARKS = ["plan", "transforms", "balance", "planner", "lineage", "mixture", "resume",
-              "comms", "control", "throughput", "memory", "reliability", "e2e", "pools"]
+              "comms", "control", "throughput", "memory", "reliability", "e2e", "pools",
+              "convergence"]
 
 
 def _quiet_logs() -> None:

@@ -86,6 +86,9 @@ def test_quick_run_reports_control_plane_figures(tmp_path: Path) -> None:
                  "control.ack_ms_on_loop_p99", "control.loop_blocked_ms_p99"):
         assert figures[name] >= 0, name
     assert figures["control.locate_p99_ms"] >= figures["control.locate_p50_ms"]
+    # the loop's own holds are the lateness less its run-queue wait: never more than the lateness
+    assert 0 <= figures["control.loop_held_ms_p99"] <= figures["control.loop_blocked_ms_p99"] + 1e-6
+    assert figures["control.full_gc_ms"] > 0 and figures["control.full_gc_max_ms"] >= 0
     assert figures["control.max_ranks_at_1_step_per_s"] > 0
     # the ranks of a host share a client, so they asked where their batches are together
     assert figures["control.asks_per_request"] > 1
