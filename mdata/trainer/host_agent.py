@@ -70,7 +70,7 @@ class _Session:
 
 
 class HostAgent:
-    """The agent's handlers over one synchronous Dask client (see the module docstring)."""
+    """The agent's handlers over one Dask client on the agent's loop (see the module docstring)."""
 
     def __init__(self, client: Any, token: str) -> None:
         self.client, self.token = client, token
@@ -190,12 +190,7 @@ class HostAgent:
         op = handler
         if op not in FORWARDED or not isinstance(msg, dict):
             raise TrainerError(f"host agent: {op!r} is not an mdata scheduler handler")
-        client = self.client
-
-        async def call() -> Any:
-            return await getattr(client.scheduler, op)(**msg)
-
-        return await self._blocking(lambda: client.sync(call))
+        return await getattr(self.client.scheduler, op)(**msg)  # on the client's own loop
 
     # -- life ------------------------------------------------------------------------------------
     def gone_sessions(self) -> list[int]:
@@ -224,9 +219,11 @@ async def serve(spec: dict[str, Any]) -> None:
         from distributed.security import Security
 
         security = Security(**spec["security"])
-    client = await asyncio.get_running_loop().run_in_executor(None, lambda: Client(
-        spec["scheduler"], direct_to_workers=True, timeout=float(spec.get("timeout", 60)),
-        set_as_default=False, security=security))
+    # asynchronous, on this loop: forwards need no thread, and the hubs' threads ask through
+    # client.sync as from any thread
+    client = await Client(spec["scheduler"], asynchronous=True, direct_to_workers=True,
+                          timeout=float(spec.get("timeout", 60)), set_as_default=False,
+                          security=security)
     agent = HostAgent(client, secrets.token_hex(32))
     server = Server({}, deserialize=False, needs_workdir=False)
     server.handlers = agent.handlers()  # nothing else: no identity, echo or state dumps
@@ -244,7 +241,7 @@ async def serve(spec: dict[str, Any]) -> None:
                 break
     finally:
         server.stop()
-        await asyncio.get_running_loop().run_in_executor(None, client.close)
+        await client.close()
 
 
 async def _leave_if_idle(agent: HostAgent, started: float, lock: Path, address_file: Path) -> bool:
