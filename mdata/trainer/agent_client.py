@@ -133,6 +133,7 @@ class AgentClient:
         try:
             joined = self.sync(self.call, "agent_join", job=job)
         except AgentLost:
+            self.sync(self.direct)  # the hub made instead is on this rank's own client
             return None
         return AgentHub(self, job, bool(joined["pushes"]))
 

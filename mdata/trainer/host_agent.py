@@ -250,6 +250,9 @@ async def _leave_if_idle(agent: HostAgent, started: float, lock: Path, address_f
         with held_lock(lock):
             if agent.idle(started):
                 remove_address(address_file, os.getpid())
+                log = address_file.with_suffix(".log")
+                if log.exists() and log.stat().st_size == 0:  # nothing went wrong: no trace
+                    log.unlink(missing_ok=True)
                 return True
             return False
 

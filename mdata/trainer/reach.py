@@ -10,12 +10,15 @@ check cannot read (not ``tcp://`` or ``tls://``), is left to Dask's own connect 
 
 from __future__ import annotations
 
+import logging
 import socket
 import time
 
 from mdata.errors import TrainerError
 
 __all__ = ["check_listening", "connect_client", "REFUSED_FOR_S"]
+
+logger = logging.getLogger("mdata.trainer")
 
 REFUSED_FOR_S = 5.0  # keep trying a refused address this long (a scheduler still starting)
 
@@ -71,7 +74,10 @@ def connect_client(address_or_client, timeout: float, security=None):
     if config.get("trainer.host-agent") and isinstance(address_or_client, str):
         from mdata.trainer.agent_client import connect_agent  # one client per host and scheduler
 
-        return connect_agent(address_or_client, timeout=timeout, security=security), True
+        try:
+            return connect_agent(address_or_client, timeout=timeout, security=security), True
+        except TrainerError as exc:  # no agent (it could not start): this rank goes on alone
+            logger.warning("mdata: no host agent (%s); this rank uses its own Dask client", exc)
     try:
         client = Client(address_or_client, direct_to_workers=True, timeout=timeout,
                         set_as_default=False, security=security)

@@ -160,3 +160,27 @@ def test_a_killed_agent_changes_nothing_the_ranks_receive(mdata_cluster, client,
         assert got[rank][0] == off[rank][0], rank  # every step, the same samples and tokens
         assert got[rank][2] is not None and "stopped answering" in got[rank][2], got[rank][2]
     assert len({got[r][1] for r in range(RANKS)}) == RANKS  # then each went on with its own client
+
+
+def test_the_agent_exits_when_its_ranks_are_killed(mdata_cluster, client, example_sources_small):
+    """Ranks killed with SIGKILL never say goodbye: the agent sees their processes gone."""
+    from agent_trainer import trainer
+
+    address = mdata_cluster.scheduler_address
+    submit_job(client, _plan(example_sources_small), job="agent-orphaned")
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=trainer, args=(r, RANKS, address, "agent-orphaned", STEPS, out,
+                                               True, 1.0)) for r in range(2)]
+    for p in procs:
+        p.start()
+    kind, *_ = out.get(timeout=180)  # a rank took a step: the agent serves it
+    assert kind == "step"
+    found = read_address(agent_paths(address)[1])
+    assert found is not None and pid_alive(found.pid)
+    for p in procs:
+        os.kill(p.pid, signal.SIGKILL)
+        p.join(timeout=30)
+    assert _wait_gone(found.pid), "the host agent outlived its killed ranks"
+    assert read_address(agent_paths(address)[1]) is None
+    _close(client, "agent-orphaned")
