@@ -95,6 +95,7 @@ class AgentClient:
         self.agent: AgentAddress | None = None
         self.session = 0
         self._agent_client = ""  # the agent's Dask client id
+        self._agent_status = "running"  # and its status, as the agent's last answer said
         self.lost: str | None = None  # why the agent is no longer used
         self._fallback: Any = None  # this rank's own Dask client, once the agent is lost
         self._fallback_lock: asyncio.Lock | None = None
@@ -113,7 +114,8 @@ class AgentClient:
 
     @property
     def status(self) -> str:
-        return "running" if self._fallback is None else str(self._fallback.status)
+        """The agent's client's status, as its last answer said (this rank's own, once lost)."""
+        return self._agent_status if self._fallback is None else str(self._fallback.status)
 
     @property
     def scheduler_comm(self) -> Any:
@@ -156,6 +158,7 @@ class AgentClient:
             raise AgentLost(self.lost) from exc
         if not isinstance(reply, dict) or ("ok" not in reply and "error" not in reply):
             raise TrainerError(f"host agent {self.agent.address}: unexpected answer {reply!r:.200}")
+        self._agent_status = str(reply.get("status", self._agent_status))
         if "error" in reply:
             raise agent_error(reply["error"])
         return reply["ok"]

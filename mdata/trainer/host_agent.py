@@ -85,16 +85,38 @@ class HostAgent:
         return {f"agent_{n}": self._guarded(getattr(self, f"_{n}")) for n in names}
 
     def _guarded(self, fn: Callable) -> Callable:
+        asks = fn.__name__ in ("_locate", "_pushed", "_tell", "_forward")  # these need the scheduler
+
         async def handler(comm: Any = None, token: Any = "", **kw: Any) -> dict[str, Any]:
             if not isinstance(token, str) or not hmac.compare_digest(token, self.token):
                 return {"error": {"other": "PermissionError: wrong host agent token"}}
             try:
-                return {"ok": await fn(**kw)}
+                if asks:
+                    await self._connected()
+                reply = {"ok": await fn(**kw)}
             except BaseException as exc:  # noqa: BLE001 - every failure goes back to its rank
-                return error_reply(exc)
+                reply = error_reply(exc)
+            reply["status"] = self._status()  # the ranks' SchedulerWatch reads it
+            return reply
 
         handler.__name__ = fn.__name__
         return handler
+
+    def _status(self) -> str:
+        return str(getattr(self.client, "status", "running"))
+
+    async def _connected(self) -> None:
+        """Return once the agent's client is connected; an OSError (the Loader's sign of a lost
+        scheduler) when it stayed disconnected for GRACE_S, as a rank's own client would."""
+        from mdata.trainer.scheduler_loss import GRACE_S, scheduler_address
+
+        waited = time.monotonic() + GRACE_S
+        while self._status() not in ("running", "newly-created"):
+            if time.monotonic() > waited:
+                raise OSError(f"the host agent's Dask client lost its connection to the "
+                              f"scheduler at {scheduler_address(self.client)} (status "
+                              f"{self._status()!r})")
+            await asyncio.sleep(0.05)
 
     async def _blocking(self, fn: Callable, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
