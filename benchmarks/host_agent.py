@@ -12,7 +12,8 @@ the Planner's location requests, consumption requests and pushes per step (as
 (``Loader.locate_seconds``: a pushed location's wait, or a long poll's round trip), the training
 loop's wait per step, and the round trip of one small scheduler request (``JobInfoRequest``,
 20 per rank after the run) through the agent or direct. Medians over the ranks' steady steps,
-then over runs. ``python -m benchmarks.host_agent --runs 3 --steps 30`` prints JSON.
+then over runs. Each run is followed by one of a single rank alone on the cluster, whose 200
+round trips are the agent's own cost per request, without 8 processes sharing 2 cores. ``python -m benchmarks.host_agent --runs 3 --steps 30`` prints JSON.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ RANKS = 8
 WARMUP = 3
 
 
-def _rank(address: str, job: str, rank: int, steps: int, agent: bool, barrier, out) -> None:
+def _rank(address: str, job: str, rank: int, world: int, steps: int, agent: bool, barrier, out,
+          rtts_n: int) -> None:
     import logging
 
     import dask
@@ -40,7 +42,7 @@ def _rank(address: str, job: str, rank: int, steps: int, agent: bool, barrier, o
     dask.config.set({"mdata.trainer.host-agent": agent})
     try:
         waits = []
-        with Loader(address, job=job, rank=rank, world_size=RANKS, steps=steps,
+        with Loader(address, job=job, rank=rank, world_size=world, steps=steps,
                     timeout=300) as loader:
             it = iter(loader)
             for _ in range(steps):
@@ -49,7 +51,7 @@ def _rank(address: str, job: str, rank: int, steps: int, agent: bool, barrier, o
                 waits.append(time.perf_counter() - began)
                 barrier.wait(300)  # the step's collective
             rtts = []
-            for _ in range(20):
+            for _ in range(rtts_n):
                 began = time.perf_counter()
                 ask_sync(loader.client, JobInfoRequest(job=job))
                 rtts.append(time.perf_counter() - began)
@@ -64,14 +66,16 @@ def _clients(client) -> set[str]:
     return set(client.run_on_scheduler(lambda dask_scheduler=None: list(dask_scheduler.clients)))
 
 
-def one_run(address: str, sources, *, job: str, agent: bool, steps: int) -> dict:
+def one_run(address: str, sources, *, job: str, agent: bool, steps: int, ranks: int = RANKS,
+            rtts_n: int = 20) -> dict:
     from distributed import Client
 
     from benchmarks.control_plane import _plan, _read_messages
     from mdata.driver import JobHandle, submit_job
 
     with Client(address, set_as_default=False) as client:
-        submit_job(client, _plan(sources, 2, RANKS // 2), job=job)
+        dp = 2 if ranks > 1 else 1
+        submit_job(client, _plan(sources, dp, ranks // dp), job=job)
         before, seen, stop = _clients(client), [], threading.Event()
 
         def watch() -> None:
@@ -82,9 +86,10 @@ def one_run(address: str, sources, *, job: str, agent: bool, steps: int) -> dict
         watcher = threading.Thread(target=watch, daemon=True)
         watcher.start()
         ctx = mp.get_context("spawn")
-        out, barrier = ctx.Queue(), ctx.Barrier(RANKS)
-        procs = [ctx.Process(target=_rank, args=(address, job, r, steps, agent, barrier, out))
-                 for r in range(RANKS)]
+        out, barrier = ctx.Queue(), ctx.Barrier(ranks)
+        procs = [ctx.Process(target=_rank, args=(address, job, r, ranks, steps, agent, barrier, out,
+                                                 rtts_n))
+                 for r in range(ranks)]
         for p in procs:
             p.start()
         records = [out.get(timeout=600) for _ in procs]
@@ -97,7 +102,7 @@ def one_run(address: str, sources, *, job: str, agent: bool, steps: int) -> dict
     errors = [r["error"] for r in records if "error" in r]
     if errors:
         raise RuntimeError(f"host agent run {job}: " + "; ".join(errors[:3]))
-    steady = lambda key: [s for r in records for s in r[key][WARMUP:]]  # noqa: E731
+    steady = lambda key: [s for r in records for s in (r[key][WARMUP:] or r[key])]  # noqa: E731
     return {"clients": max(seen, default=0), "requests_per_step": requests / steps,
             "tells_per_step": tells / steps, "pushes_per_step": pushes / steps,
             "messages_per_step": (requests + tells + pushes) / steps,
@@ -115,11 +120,15 @@ def run(runs: int = 3, steps: int = 30) -> dict:
     corpus = corpus_dir()
     sources = example_sources(corpus)
     results: dict[str, list[dict]] = {"on": [], "off": []}
+    alone: dict[str, list[float]] = {"on": [], "off": []}  # one rank, nothing else running
     with _cluster(corpus, constructors=2) as (_proc, address):
         for r in range(runs):
             for mode in (("on", "off") if r % 2 == 0 else ("off", "on")):
                 results[mode].append(one_run(address, sources, job=f"agent-{mode}-{r}",
                                              agent=mode == "on", steps=steps))
+                alone[mode].append(one_run(address, sources, job=f"alone-{mode}-{r}",
+                                           agent=mode == "on", steps=5, ranks=1,
+                                           rtts_n=200)["rtt_ms_p50"])
     out: dict = {"ranks": RANKS, "steps": steps, "runs": runs, "all": results}
     for mode, points in results.items():
         out[mode] = {k: statistics.median(p[k] for p in points) for k in points[0]}
@@ -127,6 +136,8 @@ def run(runs: int = 3, steps: int = 30) -> dict:
     out["messages_ratio_off_over_on"] = off["messages_per_step"] / on["messages_per_step"]
     out["extra_locate_ms_p50"] = on["locate_ms_p50"] - off["locate_ms_p50"]
     out["extra_rtt_ms_p50"] = on["rtt_ms_p50"] - off["rtt_ms_p50"]
+    out["alone_rtt_ms"] = alone
+    out["alone_extra_rtt_ms_p50"] = statistics.median(alone["on"]) - statistics.median(alone["off"])
     return out
 
 

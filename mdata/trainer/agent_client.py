@@ -130,8 +130,6 @@ class AgentClient:
     def agent_hub(self, job: str):
         """The agent's hub for ``job`` (an :class:`~mdata.trainer.agent_proxy.AgentHub`), or
         None once the agent is lost (the caller then makes a hub on this client)."""
-        if self.lost is not None:
-            return None
         try:
             joined = self.sync(self.call, "agent_join", job=job)
         except AgentLost:
