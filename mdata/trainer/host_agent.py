@@ -14,8 +14,10 @@ The agent never unpickles what a rank sends (``deserialize=False``: a request is
 data until its token is checked), forwards only mdata's scheduler handlers, and answers each
 request with ``{"ok": value}`` or ``{"error": ...}`` (typed mdata errors stay typed; a broken
 connection to the scheduler arrives as an ``OSError``, which the Loader reports as a lost
-scheduler). It exits when its last rank says goodbye, or when the processes of its ranks are
-all gone (checked every :data:`CHECK_S`), removing its address file under the lock first.
+scheduler). A rank whose process is gone (checked every :data:`CHECK_S`) leaves its hubs and
+its leases end (as its own client's leaving would have ended them), so a restarted trainer
+takes its rank back. The agent exits when its last rank says goodbye or is gone, removing its
+address file under the lock first.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from mdata.errors import MdataError, TrainerError
 from mdata.trainer.agent_lock import (
     AgentAddress, held_lock, pid_alive, remove_address, write_address,
 )
-from mdata.wire.codec import SCHEDULER_HANDLERS
+from mdata.wire.codec import SCHEDULER_HANDLERS, Handler
 from mdata.wire.errors import error_to_msg
 from mdata.wire.host_location import ConsumedTell, LocationAsk
 from mdata.wire.delivery import BatchLocationReply
@@ -67,6 +69,7 @@ class _Session:
         self.hubs: dict[str, Any] = {}  # job -> LocationHub
         self.joins: dict[str, int] = {}  # job -> Loaders of this link in its hub
         self.ranks: dict[str, set[int]] = {}  # job -> ranks that asked through this link
+        self.leases: dict[tuple[str, int], str] = {}  # (job, rank) -> token, leased through it
 
 
 class HostAgent:
@@ -94,7 +97,7 @@ class HostAgent:
                 if asks:
                     await self._connected()
                 reply = {"ok": await fn(**kw)}
-            except BaseException as exc:  # noqa: BLE001 - every failure goes back to its rank
+            except Exception as exc:  # noqa: BLE001 - every failure goes back to its rank
                 reply = error_reply(exc)
             reply["status"] = self._status()  # the ranks' SchedulerWatch reads it
             return reply
@@ -144,6 +147,18 @@ class HostAgent:
         found = self.sessions.pop(int(session), None)
         if found is not None:
             await self._blocking(self._release_all, found)
+            await self._detach_all(found)
+
+    async def _detach_all(self, found: _Session) -> None:
+        """End the leases a session still holds: its process died (a Loader that closed has
+        detached). Without this they would live on with the agent's client, and a restarted
+        trainer could not take its rank back."""
+        for (job, rank), token in list(found.leases.items()):
+            try:
+                await self.client.scheduler.mdata_detach(job=job, rank=rank, token=token)
+            except Exception as exc:  # noqa: BLE001 - the scheduler may be gone too
+                logger.warning("mdata host agent: could not end rank %d's lease: %s", rank, exc)
+        found.leases.clear()
 
     @staticmethod
     def _release_all(found: _Session) -> None:
@@ -212,7 +227,15 @@ class HostAgent:
         op = handler
         if op not in FORWARDED or not isinstance(msg, dict):
             raise TrainerError(f"host agent: {op!r} is not an mdata scheduler handler")
-        return await getattr(self.client.scheduler, op)(**msg)  # on the client's own loop
+        raw = await getattr(self.client.scheduler, op)(**msg)  # on the client's own loop
+        found = self.sessions.get(int(session))
+        if found is not None and op in (Handler.ATTACH.value, Handler.DETACH.value):
+            lease = (str(msg.get("job")), int(msg.get("rank", -1)))
+            if op == Handler.ATTACH.value:
+                found.leases[lease] = str(msg.get("token", ""))
+            else:
+                found.leases.pop(lease, None)
+        return raw
 
     # -- life ------------------------------------------------------------------------------------
     def gone_sessions(self) -> list[int]:

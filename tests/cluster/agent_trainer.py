@@ -12,7 +12,9 @@ import time
 
 
 def trainer(rank: int, world: int, address: str, job: str, steps: int, out, agent: bool,
-            step_s: float) -> None:
+            step_s: float, until: bool = False) -> None:
+    """``until``: ``steps`` is the step to stop before, wherever the rank starts (a restarted
+    rank goes on from its first step not consumed)."""
     import dask
 
     from benchmarks.lockstep import token_hash
@@ -23,6 +25,8 @@ def trainer(rank: int, world: int, address: str, job: str, steps: int, out, agen
             got = []
             with Loader(address, job=job, rank=rank, world_size=world, steps=steps,
                         timeout=90, device="cpu") as loader:
+                if until:
+                    loader.steps = steps - loader.attach()["start_step"]
                 for batch in loader:
                     got.append((batch["step"], batch["sample_ids"].tolist(), token_hash(batch)))
                     out.put(("step", rank, batch["step"]))

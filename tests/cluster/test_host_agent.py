@@ -4,7 +4,8 @@ Four trainer processes (spawned, one rank each, as torchrun starts them) attach 
 address with ``mdata.trainer.host-agent`` on: the scheduler sees one new client for all four,
 they receive exactly the samples (ids and token hashes) of a run with the agent off, and the
 agent exits once they are gone. Killing the agent (SIGKILL) mid-run changes nothing the ranks
-receive: each goes on with a client of its own.
+receive: each goes on with a client of its own. Killing a rank under a live agent ends its
+lease, so the trainer restarted takes its rank back; killing them all ends the agent.
 """
 
 from __future__ import annotations
@@ -184,3 +185,53 @@ def test_the_agent_exits_when_its_ranks_are_killed(mdata_cluster, client, exampl
     assert _wait_gone(found.pid), "the host agent outlived its killed ranks"
     assert read_address(agent_paths(address)[1]) is None
     _close(client, "agent-orphaned")
+
+
+def test_a_killed_rank_restarted_takes_its_rank_back_from_the_agent(mdata_cluster, client,
+                                                                    example_sources_small,
+                                                                    reference):
+    """The agent lives on when one of its ranks is killed; the rank's lease, held with the
+    agent's client, ends with the process, so a restarted trainer leases it again (and gets
+    the steps an uninterrupted run gives) instead of a RankTakenError."""
+    from agent_trainer import trainer
+
+    address = mdata_cluster.scheduler_address
+    off, _ = reference
+    submit_job(client, _plan(example_sources_small), job="agent-restart")
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+
+    def start(rank: int):
+        proc = ctx.Process(target=trainer, args=(rank, RANKS, address, "agent-restart", STEPS,
+                                                 out, True, 0.2, True))
+        proc.start()
+        return proc
+
+    procs = {r: start(r) for r in range(RANKS)}
+    results, errors, restarted = {}, [], False
+    while len(results) + len(errors) < RANKS:
+        kind, rank, *rest = out.get(timeout=180)
+        if kind == "step" and rank == 1 and rest[0] == 2 and not restarted:
+            os.kill(procs[1].pid, signal.SIGKILL)
+            procs[1].join(timeout=30)
+            agent = read_address(agent_paths(address)[1])
+            assert agent is not None and pid_alive(agent.pid)  # the others still use it
+            procs[1] = start(1)
+            restarted = True
+        elif kind == "done":
+            results[rank] = rest
+        elif kind == "error":
+            errors.append(f"rank {rank}: {rest[0]}")
+            break  # the others would only wait for this rank until their timeout
+    for p in procs.values():
+        p.join(timeout=0 if errors else 30)
+        if p.is_alive():
+            p.kill()
+    _close(client, "agent-restart")
+    assert restarted and not errors, errors
+    for rank in (0, 2, 3):
+        assert results[rank][0] == off[rank][0], rank
+    again = results[1][0]
+    assert again and again[-1][0] == STEPS - 1  # the restarted rank went on to the end
+    assert again == off[1][0][again[0][0]:], again[0][0]  # ... with the uninterrupted steps
+    assert len({r[1] for r in results.values()}) == 1  # all four, the restart too, on the agent
