@@ -226,10 +226,15 @@ class AgentClient:
             await self._to_agent.close()
             await self.rpc.close()
 
+        # never raises: a Loader closing after an error (a lost scheduler) must raise that one
         try:
             self.sync(closing, callback_timeout=10)
-        finally:
-            self._runner.stop()
+        except Exception as exc:  # noqa: BLE001 - the cluster or the agent may be gone
+            logger.debug("mdata: closing the host agent's link: %s", exc)
+        try:
+            self._runner.stop(timeout=2)
+        except Exception as exc:  # noqa: BLE001 - a loop stuck in a dead connection: a daemon thread
+            logger.debug("mdata: the host agent link's loop did not stop: %s", exc)
 
 
 def connect_agent(scheduler: str, *, timeout: float, security: Any = None) -> AgentClient:
