@@ -172,6 +172,11 @@ def hub_for(client: Any, job: str) -> LocationHub:
     """The hub of ``job``'s Loaders on ``client`` (made on first use; :func:`release` ends it)."""
     from mdata import config
 
+    through_agent = getattr(client, "agent_hub", None)  # a rank of the host agent (agent_client)
+    if through_agent is not None:
+        hub = through_agent(job)
+        if hub is not None:  # None: the agent is lost, this client is the rank's own now
+            return hub
     key = (id(client), job)
     with _hubs_lock:
         hub = _hubs.get(key)
@@ -191,6 +196,9 @@ def hub_for(client: Any, job: str) -> LocationHub:
 
 def release(hub: LocationHub, rank: int | None = None) -> None:
     """A Loader (of ``rank``) leaves its hub; the last one out removes it."""
+    if not isinstance(hub, LocationHub):  # the host agent's (mdata.trainer.agent_proxy.AgentHub)
+        hub.release(rank)
+        return
     if rank is not None and hub.pushes is not None:
         hub.pushes.forget(rank)
     hub.leave()

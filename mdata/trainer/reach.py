@@ -10,12 +10,15 @@ check cannot read (not ``tcp://`` or ``tls://``), is left to Dask's own connect 
 
 from __future__ import annotations
 
+import logging
 import socket
 import time
 
 from mdata.errors import TrainerError
 
 __all__ = ["check_listening", "connect_client", "REFUSED_FOR_S"]
+
+logger = logging.getLogger("mdata.trainer")
 
 REFUSED_FOR_S = 5.0  # keep trying a refused address this long (a scheduler still starting)
 
@@ -58,12 +61,23 @@ def check_listening(address: str, refused_for: float = REFUSED_FOR_S) -> None:
 def connect_client(address_or_client, timeout: float, security=None):
     """A Dask client for a Loader: ``address_or_client`` itself when it is one (returned with
     False: the Loader must not close it), else a new client to that address (True), after
-    :func:`check_listening` so that a wrong address fails in one line."""
+    :func:`check_listening` so that a wrong address fails in one line; with
+    ``mdata.trainer.host-agent`` on, that client is the host agent's
+    (:class:`~mdata.trainer.agent_client.AgentClient`)."""
     from distributed import Client
 
     if hasattr(address_or_client, "scheduler") and hasattr(address_or_client, "sync"):
         return address_or_client, False
     check_listening(str(address_or_client))  # nothing there: one line in seconds, not the timeout
+    from mdata import config
+
+    if config.get("trainer.host-agent") and isinstance(address_or_client, str):
+        from mdata.trainer.agent_client import connect_agent  # one client per host and scheduler
+
+        try:
+            return connect_agent(address_or_client, timeout=timeout, security=security), True
+        except TrainerError as exc:  # no agent (it could not start): this rank goes on alone
+            logger.warning("mdata: no host agent (%s); this rank uses its own Dask client", exc)
     try:
         client = Client(address_or_client, direct_to_workers=True, timeout=timeout,
                         set_as_default=False, security=security)

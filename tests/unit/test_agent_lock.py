@@ -1,0 +1,114 @@
+"""Finding the host agent: its private directory, lock, address file, and the token it checks."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import os
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+
+from mdata.errors import TrainerError
+from mdata.trainer.agent_lock import (
+    AgentAddress, agent_dir, agent_key, agent_paths, held_lock, pid_alive, read_address,
+    remove_address, write_address, write_spec,
+)
+from mdata.trainer.host_agent import HostAgent
+
+
+def test_the_directory_is_made_private_and_a_shared_one_is_refused(tmp_path):
+    folder = agent_dir(str(tmp_path))
+    assert folder == tmp_path / "mdata-agents"
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    folder.chmod(0o755)  # others may enter: their files could be planted there
+    with pytest.raises(TrainerError, match="not a private directory"):
+        agent_dir(str(tmp_path))
+
+
+def test_the_key_names_the_scheduler_and_the_user():
+    a = agent_key("tcp://10.0.0.1:8786", "alice")
+    assert a == agent_key("tcp://10.0.0.1:8786", "alice")
+    assert a != agent_key("tcp://10.0.0.1:8787", "alice")
+    assert a != agent_key("tcp://10.0.0.1:8786", "bob")
+
+
+def test_an_address_file_is_read_only_while_private_and_its_agent_runs(tmp_path):
+    lock, path = agent_paths("tcp://127.0.0.1:1", str(tmp_path))
+    assert lock.parent == path.parent and lock != path
+    assert read_address(path) is None  # none yet
+    mine = AgentAddress("tcp://127.0.0.1:5555", "t" * 64, os.getpid(), "tcp://127.0.0.1:1")
+    write_address(path, mine)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert read_address(path) == mine
+    path.chmod(0o644)  # readable by others: its token is no secret any more
+    assert read_address(path) is None
+    path.chmod(0o600)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    write_address(path, AgentAddress(mine.address, mine.token, dead.pid, mine.scheduler))
+    assert read_address(path) is None  # its agent is gone
+    path.write_text("{not json")
+    assert read_address(path) is None
+
+
+def test_an_agent_removes_only_its_own_address_file(tmp_path):
+    _, path = agent_paths("tcp://127.0.0.1:2", str(tmp_path))
+    write_address(path, AgentAddress("tcp://127.0.0.1:5555", "t", os.getpid(), "s"))
+    remove_address(path, os.getpid() + 1)  # a predecessor leaving: the file names its successor
+    assert path.exists()
+    remove_address(path, os.getpid())
+    assert not path.exists()
+
+
+def test_the_lock_is_exclusive(tmp_path):
+    lock, _ = agent_paths("tcp://127.0.0.1:3", str(tmp_path))
+    with held_lock(lock):
+        fd = os.open(lock, os.O_RDWR)
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(fd)
+    fd = os.open(lock, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released with the block
+    finally:
+        os.close(fd)
+
+
+def test_a_zombie_is_not_alive():
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    for _ in range(500):  # it exits and is not reaped yet: a zombie, still in the process table
+        if not pid_alive(child.pid):
+            break
+        time.sleep(0.02)
+    assert not pid_alive(child.pid)
+    assert os.path.exists(f"/proc/{child.pid}")  # the zombie is there, and counted dead
+    child.wait()
+    assert pid_alive(os.getpid())
+
+
+def test_the_start_file_is_private(tmp_path):
+    spec = tmp_path / "x.spec"
+    write_spec(spec, "{}")
+    assert stat.S_IMODE(spec.stat().st_mode) == 0o600
+
+
+def test_the_agent_answers_nothing_without_its_token_and_forwards_only_mdata_handlers():
+    agent = HostAgent(client=None, token="s" * 64)
+    handlers = agent.handlers()
+    assert not {"identity", "echo", "dump_state"} & set(handlers)
+
+    async def ask(name, **kw):
+        return await handlers[name](None, **kw)
+
+    refused = asyncio.run(ask("agent_hello", token="wrong", pid=1))
+    assert "wrong host agent token" in refused["error"]["other"] and not agent.sessions
+    assert "wrong host agent token" in asyncio.run(ask("agent_forward", token=None,
+                                                       handler="mdata_status", msg={}))["error"]["other"]
+    other = asyncio.run(ask("agent_forward", token="s" * 64, handler="retire_workers", msg={}))
+    assert "not an mdata scheduler handler" in other["error"]["mdata"]["message"]
