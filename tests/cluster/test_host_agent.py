@@ -80,7 +80,7 @@ def run_ranks(client, address: str, job: str, *, agent: bool, step_s: float = 0.
         errors.append("no word from the trainers within 180 s")
     finally:
         stop.set()
-        watcher.join()
+        watcher.join(timeout=10)  # a scheduler call stuck in it must not hang the test
         for p in procs:
             p.join(timeout=30)
             if p.is_alive():
