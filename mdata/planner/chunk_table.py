@@ -148,12 +148,13 @@ class ChunkTable:
         keys = list(keys)
         pending = self._pending.setdefault(step, {})
         chunks = self._chunks
-        for key in keys:  # inlined common case (~1,700 keys a step at 10k sources): needed already
+        for key in keys:  # _need inlined: ~1,700 keys a step at 10k sources, most needed already
             c = chunks.get(key)
-            if c is not None and c.needed_by:
-                c.needed_by[step] = None
-            else:
-                c = self._need(key, step, sid, out)
+            if c is None:
+                c = self._request(key, sid, out)
+            elif not c.needed_by:
+                self._held[key >> SHIFT].pop(key, None)
+            c.needed_by[step] = None
             if not c.loaded:
                 pending[key] = None
         self._step_chunks.setdefault(step, {}).update(dict.fromkeys(keys))
@@ -216,14 +217,19 @@ class ChunkTable:
     def _need(self, key: int, step: int, sid: str, out: list[Instruction]) -> _Chunk:
         c = self._chunks.get(key)
         if c is None:
-            i, cid = key >> SHIFT, key & MASK
-            ref = self.orders[i].chunk_ref(cid, i, self.job)
-            c = self._chunks[key] = _Chunk(ref)
-            self._by_task[ref.key] = key
-            out.append(LoadChunk(ref, stimulus_id=sid))
+            c = self._request(key, sid, out)
         elif not c.needed_by:
             self._held[key >> SHIFT].pop(key, None)
         c.needed_by[step] = None
+        return c
+
+    def _request(self, key: int, sid: str, out: list[Instruction]) -> _Chunk:
+        """Chunk ``key`` is not requested yet: record it and request its load."""
+        i, cid = key >> SHIFT, key & MASK
+        ref = self.orders[i].chunk_ref(cid, i, self.job)
+        c = self._chunks[key] = _Chunk(ref)
+        self._by_task[ref.key] = key
+        out.append(LoadChunk(ref, stimulus_id=sid))
         return c
 
     def _unneed(self, key: int, step: int, sid: str, out: list[Instruction]) -> None:
