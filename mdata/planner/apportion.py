@@ -25,6 +25,7 @@ from mdata.mixing import ExactApportioner, MetricsRecord, MixtureSchedule
 from mdata.order import SourceOrder
 from mdata.plan import Plan
 from mdata.planner.chunk_table import SHIFT
+from mdata.planner.window_pool import WindowPool
 
 __all__ = ["PlannedStep", "Provisioner", "row_counts_of", "source_orders"]
 
@@ -104,8 +105,8 @@ class Provisioner:
         self.pinned: dict[int, np.ndarray] = {}  # weights a checkpoint decided for later steps
         self.cursor = np.zeros(S, np.int64)
         self.last_weights = np.zeros(S)
-        #: per source, the window its order read last: (first cursor, end cursor, samples)
-        self._windows = [order.last_window() for order in orders]
+        #: per source, the window its order read last, in flat arrays (see WindowPool)
+        self._pool = WindowPool(orders)
 
     def observe(self, step: int, rank: int, metrics: Mapping[str, float]) -> None:
         """A trainer's metrics, for a metric-driven mixture policy (others ignore them)."""
@@ -139,37 +140,40 @@ class Provisioner:
         """Samples at ``starts[i] ..`` of every source: (src, shard, row, chunk, cursor) arrays.
 
         Most sources' samples lie inside the shuffle window their order read last: those are
-        sliced from it here (``_windows``), and only a source that crosses into another window
-        asks its order (a call of :meth:`~mdata.order.SourceOrder.take` per source and step was
+        gathered from the pool of those windows at once (:class:`WindowPool`), and only a source
+        that crosses into another window asks its order (a Python call per source and step was
         most of the apportioning time at thousands of sources).
         """
         nz = np.flatnonzero(counts)
-        c = counts[nz]
-        total = int(c.sum())
-        src = np.repeat(nz, c)
-        first = np.cumsum(c) - c
-        cursor = np.repeat(starts[nz] - first, c) + np.arange(total)
         if not nz.size:
             empty = np.zeros(0, np.int64)
             return empty, empty, empty, empty, empty
-        shard: list[np.ndarray] = []
-        row: list[np.ndarray] = []
-        chunk: list[np.ndarray] = []
-        windows, orders = self._windows, self.orders
-        for i, p, n in zip(nz.tolist(), starts[nz].tolist(), c.tolist()):
-            lo, hi, win = windows[i]
-            if lo <= p and p + n <= hi:
-                a = p - lo
-                shard.append(win.shards[a:a + n])
-                row.append(win.rows[a:a + n])
-                chunk.append(win.chunk_ids[a:a + n])
-                continue
-            part = orders[i].take(p, n)
-            windows[i] = orders[i].last_window()
-            shard.append(part.shards)
-            row.append(part.rows)
-            chunk.append(part.chunk_ids)
-        return src, np.concatenate(shard), np.concatenate(row), np.concatenate(chunk), cursor
+        c = counts[nz]
+        p = starts[nz]
+        total = int(c.sum())
+        src = np.repeat(nz, c)
+        first = np.cumsum(c) - c
+        cursor = np.repeat(p - first, c) + np.arange(total)
+        pool = self._pool
+        inside = pool.inside(nz, p, c)
+        if inside.all():
+            shard, row, chunk = pool.gather(src, cursor)
+            return src, shard, row, chunk, cursor
+        mask = np.repeat(inside, c)
+        shard = np.empty(total, np.int64)
+        row = np.empty(total, np.int64)
+        chunk = np.empty(total, np.int64)
+        # gather first: the crossing sources below rewrite their own slots only
+        shard[mask], row[mask], chunk[mask] = pool.gather(src[mask], cursor[mask])
+        orders = self.orders
+        for j in np.flatnonzero(~inside).tolist():
+            i, a, n = int(nz[j]), int(first[j]), int(c[j])
+            part = orders[i].take(int(p[j]), n)
+            pool.put(i, *orders[i].last_window())
+            shard[a:a + n] = part.shards
+            row[a:a + n] = part.rows
+            chunk[a:a + n] = part.chunk_ids
+        return src, shard, row, chunk, cursor
 
     # -- checkpoints ---------------------------------------------------------------------------
     def mixture_state(self, step: int, planned: Mapping[int, np.ndarray]) -> dict[str, Any]:

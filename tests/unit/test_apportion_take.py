@@ -34,3 +34,21 @@ def test_take_matches_each_sources_own_order_over_many_steps():
             assert got.dtype == np.int64 and got.tolist() == want.tolist()
         assert cursor.tolist() == [int(cursors[i]) + k for i, t in parts for k in range(t.rows.size)]
         cursors = cursors + counts
+
+
+def test_take_starts_from_windows_the_orders_read_before_the_provisioner():
+    """A Provisioner built on orders read already (a restore reads them) seeds its window pool
+    from their last windows: takes inside those windows and across them still match."""
+    orders, fresh = _orders(5), _orders(5)
+    for o in orders:
+        o.take(7, 3)  # each order's last window is now the one holding cursor 7
+    names = tuple(o.name for o in orders)
+    prov = Provisioner(orders, names, StaticMixture(dict.fromkeys(names, 1.0)), 40)
+    for start, n in ((7, 2), (8, 5), (0, 30), (50, 4)):
+        starts = np.full(len(orders), start, np.int64)
+        counts = np.full(len(orders), n, np.int64)
+        _, shard, row, chunk, _ = prov.take(starts, counts)
+        want = [fresh[i].take(start, n) for i in range(len(orders))]
+        assert shard.tolist() == np.concatenate([t.shards for t in want]).tolist()
+        assert row.tolist() == np.concatenate([t.rows for t in want]).tolist()
+        assert chunk.tolist() == np.concatenate([t.chunk_ids for t in want]).tolist()
