@@ -95,7 +95,7 @@ def test_the_autoscaler_survives_errors_and_says_so(example_sources_small):
 def test_the_video_pool_follows_a_mixture_shift_toward_video(tmp_path, example_corpus):
     # the same shift toward the example corpus's real clips (PyAV decodes a seeded window of
     # frames per sample): the video pool grows from its first size and the text pool shrinks
-    out = run_shift(steps=90, shift_step=40, step_s=0.25, interval=1.0, data_dir=tmp_path,
+    out = run_shift(steps=64, shift_step=24, step_s=0.25, interval=1.0, data_dir=tmp_path,
                     media="videos", corpus=example_corpus)
     assert out["scaler_errors"] == 0
     assert out["start_sizes"] == {"text": 2, "videos": 1}

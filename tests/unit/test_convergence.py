@@ -13,9 +13,9 @@ from benchmarks.convergence import gap_over_noise, train_both  # noqa: E402
 
 
 def test_placement_changes_nothing_under_global_token_normalisation(example_corpus):
-    out = train_both(example_corpus, steps=10, seeds=2)
+    out = train_both(example_corpus, steps=6, seeds=2)
     curves = out["curves"]
-    assert out["steps_with_other_placement"] >= 5  # balancing did move samples between ranks
+    assert out["steps_with_other_placement"] >= 3  # balancing did move samples between ranks
     for seed in range(2):
         same = zip(curves[("global", "mdata", seed)], curves[("global", "baseline", seed)])
         assert all(abs(a - b) <= 1e-4 * abs(b) for a, b in same)
