@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from mdata.wire.delivery import BatchLocation
@@ -133,19 +134,29 @@ class PushedLocations:
         return waited if any(w >= 0 for w in waited) else ()
 
 
-def push_handler(client: Any, hubs: dict, lock: threading.Lock):
-    """The client's stream handler for :data:`~mdata.wire.location_push.PUSH_OP`: each push
-    goes to the hub of its job on this client (``hubs``: (id(client), job) -> LocationHub)."""
-    def on_push(push: Any = None, **_ignored: Any) -> None:
+def hub_stream_handler(client: Any, hubs: dict, lock: threading.Lock, *, key: str,
+                       parse: Callable[[Any], Any], part: str, what: str):
+    """A client stream handler that reads the message's ``key`` field with ``parse`` and hands it
+    to ``receive`` of the ``part`` attribute of its job's hub on this client (``hubs``:
+    (id(client), job) -> LocationHub). A malformed message is dropped with a warning naming
+    ``what``: its senders' fallbacks (a long poll, a resend) take over."""
+    def on_message(**msg: Any) -> None:
         try:
-            message = LocationPush.from_msg(push)
-        except Exception as exc:  # noqa: BLE001 - a malformed push: the ranks long-poll instead
-            logger.warning("mdata: dropped a malformed location push: %s", exc)
+            message = parse(msg.get(key))
+        except Exception as exc:  # noqa: BLE001 - dropped: the fallback covers it
+            logger.warning("mdata: dropped a malformed %s: %s", what, exc)
             return
         with lock:
             hub = hubs.get((id(client), message.job))
-        pushes = None if hub is None or hub.client is not client else hub.pushes
-        if pushes is not None:
-            pushes.receive(message)
+        target = None if hub is None or hub.client is not client else getattr(hub, part, None)
+        if target is not None:
+            target.receive(message)
 
-    return on_push
+    return on_message
+
+
+def push_handler(client: Any, hubs: dict, lock: threading.Lock):
+    """The client's stream handler for :data:`~mdata.wire.location_push.PUSH_OP`: each push
+    goes to the hub of its job on this client; a malformed one leaves the ranks long-polling."""
+    return hub_stream_handler(client, hubs, lock, key="push", parse=LocationPush.from_msg,
+                              part="pushes", what="location push")

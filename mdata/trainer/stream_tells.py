@@ -30,7 +30,7 @@ import time
 from typing import Any
 
 from mdata.errors import MdataError, RequestTimeoutError
-from mdata.trainer.pushed_locations import current_stream
+from mdata.trainer.pushed_locations import current_stream, hub_stream_handler
 from mdata.wire.host_location import ConsumedTell
 from mdata.wire.stream_tells import TELL_OP, StreamedTells, TellsConfirmed
 
@@ -113,16 +113,6 @@ class TellStream:
 def confirm_handler(client: Any, hubs: dict, lock: threading.Lock):
     """The client's stream handler for :data:`~mdata.wire.stream_tells.CONFIRM_OP`: each
     confirmation goes to the hub of its job on this client (``hubs``: (id(client), job) -> hub)."""
-    def on_confirm(confirmed: Any = None, **_ignored: Any) -> None:
-        try:
-            message = TellsConfirmed.from_msg(confirmed)
-        except Exception as exc:  # noqa: BLE001 - its teller times out and resends
-            logger.warning("mdata: dropped a malformed consumption confirmation: %s", exc)
-            return
-        with lock:
-            hub = hubs.get((id(client), message.job))
-        stream = None if hub is None or hub.client is not client else hub.streamed
-        if stream is not None:
-            stream.receive(message)
-
-    return on_confirm
+    # a malformed one is dropped: its teller times out and resends
+    return hub_stream_handler(client, hubs, lock, key="confirmed", parse=TellsConfirmed.from_msg,
+                              part="streamed", what="consumption confirmation")
