@@ -57,6 +57,14 @@ def close(client, job: str) -> None:
     client.sync(client.scheduler.mdata_close_job, job=job, client=client.id)
 
 
+def uninterrupted(client, plan, job: str) -> dict[int, list]:
+    """What each rank of a run of ``plan`` that nothing interrupts receives over STEPS steps."""
+    submit_job(client, plan, job=job)
+    received_by_rank = run_loaders(client, job=job, world_size=2, steps=STEPS, keep=received)
+    close(client, job)
+    return received_by_rank
+
+
 def test_a_text_and_video_plan_delivers_frames_as_image_patches(video_cluster):
     client, sources = video_cluster
     submit_job(client, plan_for(sources), job="video-mix")
@@ -80,9 +88,7 @@ def test_a_text_and_video_plan_delivers_frames_as_image_patches(video_cluster):
 def test_a_video_loader_killed_mid_run_changes_no_sample_and_no_frame(video_cluster):
     client, sources = video_cluster
     plan = plan_for(sources)
-    submit_job(client, plan, job="video-reference")
-    reference = run_loaders(client, job="video-reference", world_size=2, steps=STEPS, keep=received)
-    close(client, "video-reference")
+    reference = uninterrupted(client, plan, "video-reference")
 
     submit_job(client, plan, job="video-crash")
     got: dict[int, list] = {0: [], 1: []}
@@ -147,9 +153,7 @@ def test_a_text_and_video_job_resumed_from_its_trainers_checkpoint_gets_the_same
     from any state a restart loses)."""
     client, sources = video_cluster
     plan = plan_for(sources)
-    submit_job(client, plan, job="video-whole")
-    whole = run_loaders(client, job="video-whole", world_size=2, steps=STEPS, keep=received)
-    close(client, "video-whole")
+    whole = uninterrupted(client, plan, "video-whole")
     submit_job(client, plan, job="video-first")
     states: dict[int, dict] = {}
     first = run_loaders(client, job="video-first", world_size=2, steps=3, keep=received, states=states)
