@@ -106,7 +106,11 @@ def test_stories_read_back_from_remote_filesystems(kind, request):
     assert store.flush(timeout=60) and store.failures == 0
     reopened = SpilledLineage.open(url, **options)
     assert len(reopened) == len(store.ranges()) > 0
-    for key in _sample_ids(full.dgraph, [0]):
+    # Each story reads a few row groups per range, one S3 GET apiece against moto (~5 ms each):
+    # every 4th sample of step 0 still reads every range back through S3, in a quarter of the
+    # time; every sample's story is compared on local files in test_lineage_spill.py.
+    keys = _sample_ids(full.dgraph, [0])
+    for key in keys[::4] if kind == "s3" else keys:
         want = _full_story(full.dgraph, key)
         assert StoryQuery.of(kept.dgraph, store.ranges(), *key).run() == want
         assert StoryQuery.of(kept.dgraph, reopened.ranges(), *key).run() == want
