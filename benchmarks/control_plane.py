@@ -384,7 +384,7 @@ def run(quick: bool) -> dict:
     corpus = corpus_dir()
     sources = example_sources(corpus)
     if quick:
-        fixed, per_group, dp, steps = (8, 24), (8, 24), 8, 7
+        fixed, per_group, dp, steps = (8, 24), (8, 24), 8, WARMUP + 2
     else:
         fixed, per_group, dp, steps = (16, 64, 256, 1024), (16, 64, 256), FIXED_DP, 12
     with _cluster(corpus, constructors=1 if quick else 2) as (proc, address):
