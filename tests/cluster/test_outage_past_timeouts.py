@@ -4,7 +4,8 @@
 ``mdata.storage.retry-deadline``, so an outage the loaders may still ride out must not end the job
 at the shorter timeouts: trainers wait on while the Planner reports their sources waiting on
 storage, and get ``StorageUnavailableError`` naming the source and shard only when the retry
-deadline passes. Scaled down here: trainer timeout and chunk wait 3 s, retry deadline 20 s; the
+deadline passes. Scaled down here: trainer timeout and chunk wait 3 s, retry deadline 14 s
+(pauses up to 0.5 s), outages of 7 s; the
 corpus is served by a real S3 server (SeaweedFS, :mod:`s3_server`) that is ``kill -9``'d and
 started again with its data. Trainers are threads of this process; the loader and constructor
 workers are processes (they get the short timings from Dask's configuration through their nannies).
@@ -30,8 +31,8 @@ from test_recovery import close, received
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 
 TRAINER_TIMEOUT = 3.0
-RETRY_DEADLINE = 20.0
-OUTAGE_S = 8.0  # well past the trainers' timeout, well within the retry deadline
+RETRY_DEADLINE = 14.0
+OUTAGE_S = 7.0  # well past the trainers' timeout, well within the retry deadline
 STEPS = 16
 BEFORE_OUTAGE = 4
 CONFIG = {
