@@ -8,7 +8,29 @@ are); ``agent`` turns ``mdata.trainer.host-agent`` on in it. Every step it puts
 
 from __future__ import annotations
 
+import faulthandler
+import signal
 import time
+
+#: The signal on which a trainer writes every thread's stack to stderr: a test that hears nothing
+#: from it sends this first, so a hang shows where it is (:func:`dump_stacks`).
+DUMP_SIGNAL = signal.SIGUSR1
+
+
+def dump_stacks(procs) -> list[int]:
+    """Ask each live trainer process to write its threads' stacks to stderr; their pids."""
+    asked = []
+    for proc in procs:
+        if proc.is_alive():
+            try:
+                import os
+
+                os.kill(proc.pid, DUMP_SIGNAL)
+                asked.append(proc.pid)
+            except ProcessLookupError:
+                pass
+    time.sleep(1.0)  # let them write before the test fails and its cluster closes
+    return asked
 
 
 def trainer(rank: int, world: int, address: str, job: str, steps: int, out, agent: bool,
@@ -20,6 +42,7 @@ def trainer(rank: int, world: int, address: str, job: str, steps: int, out, agen
     from benchmarks.lockstep import token_hash
     from mdata.trainer import Loader
 
+    faulthandler.register(DUMP_SIGNAL, all_threads=True)
     try:
         with dask.config.set({"mdata.trainer.host-agent": agent}):
             got = []

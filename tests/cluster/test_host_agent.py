@@ -47,7 +47,7 @@ def run_ranks(client, address: str, job: str, *, agent: bool, step_s: float = 0.
     """Run RANKS trainer processes of ``job``; per rank ``(received, client id, lost)``, and the
     clients the scheduler had while they ran, beyond those it had before. ``at_step(rank,
     step)`` is called in the test as the ranks report their steps."""
-    from agent_trainer import trainer
+    from agent_trainer import dump_stacks, trainer
 
     before = _clients(client)
     seen: set[str] = set()
@@ -66,10 +66,11 @@ def run_ranks(client, address: str, job: str, *, agent: bool, step_s: float = 0.
              for r in range(RANKS)]
     for p in procs:
         p.start()
-    results, errors = {}, []
+    results, errors, last = {}, [], {}
     try:
         while len(results) + len(errors) < RANKS:
             kind, rank, *rest = out.get(timeout=180)
+            last[rank] = (kind, rest[0] if kind == "step" else "")
             if kind == "step" and at_step is not None:
                 at_step(rank, rest[0])
             elif kind == "done":
@@ -77,7 +78,9 @@ def run_ranks(client, address: str, job: str, *, agent: bool, step_s: float = 0.
             elif kind == "error":
                 errors.append(f"rank {rank}: {rest[0]}")
     except queue.Empty:
-        errors.append("no word from the trainers within 180 s")
+        asked = dump_stacks(procs)
+        errors.append(f"no word from the trainers within 180 s (stacks of pids {asked} on "
+                      f"stderr); last from each rank: {last}")
     finally:
         stop.set()
         watcher.join(timeout=10)  # a scheduler call stuck in it must not hang the test
@@ -165,7 +168,7 @@ def test_a_killed_agent_changes_nothing_the_ranks_receive(mdata_cluster, client,
 
 def test_the_agent_exits_when_its_ranks_are_killed(mdata_cluster, client, example_sources_small):
     """Ranks killed with SIGKILL never say goodbye: the agent sees their processes gone."""
-    from agent_trainer import trainer
+    from agent_trainer import dump_stacks, trainer
 
     address = mdata_cluster.scheduler_address
     submit_job(client, _plan(example_sources_small), job="agent-orphaned")
@@ -193,7 +196,7 @@ def test_a_killed_rank_restarted_takes_its_rank_back_from_the_agent(mdata_cluste
     """The agent lives on when one of its ranks is killed; the rank's lease, held with the
     agent's client, ends with the process, so a restarted trainer leases it again (and gets
     the steps an uninterrupted run gives) instead of a RankTakenError."""
-    from agent_trainer import trainer
+    from agent_trainer import dump_stacks, trainer
 
     address = mdata_cluster.scheduler_address
     off, _ = reference
@@ -208,9 +211,16 @@ def test_a_killed_rank_restarted_takes_its_rank_back_from_the_agent(mdata_cluste
         return proc
 
     procs = {r: start(r) for r in range(RANKS)}
-    results, errors, restarted = {}, [], False
+    results, errors, restarted, last = {}, [], False, {}
     while len(results) + len(errors) < RANKS:
-        kind, rank, *rest = out.get(timeout=180)
+        try:
+            kind, rank, *rest = out.get(timeout=180)
+        except queue.Empty:  # a hang: show where each trainer is before failing
+            asked = dump_stacks(procs.values())
+            errors.append(f"no word from the trainers within 180 s (stacks of pids {asked} on "
+                          f"stderr); restarted: {restarted}; last from each rank: {last}")
+            break
+        last[rank] = (kind, rest[0] if kind == "step" else "")
         if kind == "step" and rank == 1 and rest[0] == 2 and not restarted:
             os.kill(procs[1].pid, signal.SIGKILL)
             procs[1].join(timeout=30)
