@@ -32,7 +32,9 @@ def test_auto_leaves_a_driver_process_alone():
 def test_auto_freezes_a_process_that_only_serves():
     gc_freeze.dedicate_process()
     frozen, _ = gc_freeze.freeze_long_lived("test")
-    assert frozen == gc.get_freeze_count() > 1000  # every module object alive here, at least
+    # every module object alive here, at least; a frozen object freed since (another thread of
+    # the test process) leaves the count, so it may have dropped a little, never grown
+    assert frozen >= gc.get_freeze_count() > 1000
     assert len(gc.get_objects()) < frozen  # what full collections still walk is what came after
 
 
