@@ -9,28 +9,29 @@ are); ``agent`` turns ``mdata.trainer.host-agent`` on in it. Every step it puts
 from __future__ import annotations
 
 import faulthandler
+import os
 import signal
 import time
 
 #: The signal on which a trainer writes every thread's stack to stderr: a test that hears nothing
-#: from it sends this first, so a hang shows where it is (:func:`dump_stacks`).
+#: from it sends this first, so a hang shows where it is (:func:`silent_trainers`).
 DUMP_SIGNAL = signal.SIGUSR1
 
 
-def dump_stacks(procs) -> list[int]:
-    """Ask each live trainer process to write its threads' stacks to stderr; their pids."""
+def silent_trainers(procs, last: dict) -> str:
+    """After no word from the trainers: have each live one write its threads' stacks to stderr
+    (before the test fails and its cluster closes), and say so with what each rank last told."""
     asked = []
     for proc in procs:
         if proc.is_alive():
             try:
-                import os
-
                 os.kill(proc.pid, DUMP_SIGNAL)
                 asked.append(proc.pid)
             except ProcessLookupError:
                 pass
-    time.sleep(1.0)  # let them write before the test fails and its cluster closes
-    return asked
+    time.sleep(1.0)
+    return (f"no word from the trainers within 180 s (stacks of pids {asked} on stderr); "
+            f"last from each rank: {last}")
 
 
 def trainer(rank: int, world: int, address: str, job: str, steps: int, out, agent: bool,

@@ -47,7 +47,7 @@ def run_ranks(client, address: str, job: str, *, agent: bool, step_s: float = 0.
     """Run RANKS trainer processes of ``job``; per rank ``(received, client id, lost)``, and the
     clients the scheduler had while they ran, beyond those it had before. ``at_step(rank,
     step)`` is called in the test as the ranks report their steps."""
-    from agent_trainer import dump_stacks, trainer
+    from agent_trainer import silent_trainers, trainer
 
     before = _clients(client)
     seen: set[str] = set()
@@ -78,9 +78,7 @@ def run_ranks(client, address: str, job: str, *, agent: bool, step_s: float = 0.
             elif kind == "error":
                 errors.append(f"rank {rank}: {rest[0]}")
     except queue.Empty:
-        asked = dump_stacks(procs)
-        errors.append(f"no word from the trainers within 180 s (stacks of pids {asked} on "
-                      f"stderr); last from each rank: {last}")
+        errors.append(silent_trainers(procs, last))
     finally:
         stop.set()
         watcher.join(timeout=10)  # a scheduler call stuck in it must not hang the test
@@ -168,7 +166,7 @@ def test_a_killed_agent_changes_nothing_the_ranks_receive(mdata_cluster, client,
 
 def test_the_agent_exits_when_its_ranks_are_killed(mdata_cluster, client, example_sources_small):
     """Ranks killed with SIGKILL never say goodbye: the agent sees their processes gone."""
-    from agent_trainer import dump_stacks, trainer
+    from agent_trainer import trainer
 
     address = mdata_cluster.scheduler_address
     submit_job(client, _plan(example_sources_small), job="agent-orphaned")
@@ -196,7 +194,7 @@ def test_a_killed_rank_restarted_takes_its_rank_back_from_the_agent(mdata_cluste
     """The agent lives on when one of its ranks is killed; the rank's lease, held with the
     agent's client, ends with the process, so a restarted trainer leases it again (and gets
     the steps an uninterrupted run gives) instead of a RankTakenError."""
-    from agent_trainer import dump_stacks, trainer
+    from agent_trainer import silent_trainers, trainer
 
     address = mdata_cluster.scheduler_address
     off, _ = reference
@@ -216,9 +214,7 @@ def test_a_killed_rank_restarted_takes_its_rank_back_from_the_agent(mdata_cluste
         try:
             kind, rank, *rest = out.get(timeout=180)
         except queue.Empty:  # a hang: show where each trainer is before failing
-            asked = dump_stacks(procs.values())
-            errors.append(f"no word from the trainers within 180 s (stacks of pids {asked} on "
-                          f"stderr); restarted: {restarted}; last from each rank: {last}")
+            errors.append(f"{silent_trainers(procs.values(), last)}; restarted: {restarted}")
             break
         last[rank] = (kind, rest[0] if kind == "step" else "")
         if kind == "step" and rank == 1 and rest[0] == 2 and not restarted:
