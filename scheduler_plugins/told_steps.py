@@ -8,8 +8,9 @@ runtime's counters are sums: the rank's steps consumed (``TrainerMeter.consumed`
 prefetcher's waits for pushed locations. They add a step only the first time its rank's Loader
 (its lease token) tells it.
 
-Per rank the set keeps the newest :data:`KEEP` steps; a step older than all of them counts as a
-repeat. A first tell that late (it would have to trail the rank by that many steps) is still
+Per rank the set keeps at least the newest :data:`KEEP` steps (at most twice that: it is cut back
+to the newest ``KEEP`` at once when it doubles, so a tell costs O(1) amortised, not a scan of the
+set each step once a long run has filled it); a step older than all of them counts as a repeat. A first tell that late (it would have to trail the rank by that many steps) is still
 given to the Planner; only the counters would miss it.
 """
 
@@ -40,10 +41,10 @@ class ToldSteps:
             self.repeats += 1
             return False
         steps.add(step)
-        if len(steps) > self.keep:
-            oldest = min(steps)
-            steps.discard(oldest)
-            floor[0] = oldest + 1
+        if len(steps) > 2 * self.keep:
+            newest = sorted(steps)[-self.keep:]
+            steps.intersection_update(newest)
+            floor[0] = newest[0]
         return True
 
     def clear(self) -> None:

@@ -19,7 +19,15 @@ def test_a_repeated_step_is_not_first_and_another_loader_starts_anew():
 
 def test_steps_older_than_those_kept_count_as_told():
     told = ToldSteps(keep=3)
-    assert all(told.first(0, s, "a") for s in range(5))  # keeps 2, 3, 4
-    assert told.first(0, 0, "a") is False and told.first(0, 1, "a") is False
-    assert told.first(0, 3, "a") is False and told.first(0, 5, "a") is True
+    assert all(told.first(0, s, "a") for s in range(7))  # 7 > 2 x 3: cut back to 4, 5, 6
+    assert told.first(0, 0, "a") is False and told.first(0, 3, "a") is False  # below the floor
+    assert told.first(0, 5, "a") is False and told.first(0, 7, "a") is True
     assert told.repeats == 3
+
+
+def test_a_long_run_keeps_a_bounded_set_per_rank():
+    told = ToldSteps(keep=16)
+    assert all(told.first(0, s, "a") for s in range(10_000))
+    _, steps, floor = told._by_rank[0]
+    assert 16 <= len(steps) <= 32 and min(steps) == floor[0] and max(steps) == 9_999
+    assert not told.first(0, floor[0] - 1, "a") and not told.first(0, 9_999, "a")
