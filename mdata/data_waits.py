@@ -78,6 +78,10 @@ class DataWaitLedger:
         # (a rewind plans old steps again): the oldest seen go first past ``keep_steps``.
         self._inputs: dict[int, dict[str, float]] = {}
         self._waits: dict[int, dict[int, DataWait]] = {}
+        # step -> (sources waiting on storage, the source blamed): every rank of a step waits for
+        # the same chunks, so the blame is worked out once per step, not once per rank over each
+        # of the step's sources (thousands of ranks times hundreds of sources)
+        self._blamed: dict[int, tuple[frozenset[str], str]] = {}
 
     # -- inputs ----------------------------------------------------------------------------------
     def loaded(self, chunk: Hashable, source: str, at: float) -> None:
@@ -100,6 +104,7 @@ class DataWaitLedger:
             if known is not None:
                 source, at = known
                 last[source] = max(at, last.get(source, at))
+        self._blamed.pop(int(step), None)  # its inputs changed
         self._trim(self._inputs)
 
     def inputs(self, step: int) -> dict[str, float]:
@@ -112,8 +117,7 @@ class DataWaitLedger:
         """Rank ``rank`` waited ``wait_s`` for step ``step``'s batch, told at ``at`` while
         ``storage_waiting`` sources waited on storage; returns the record."""
         wait_s = max(0.0, float(wait_s))
-        source = ("" if wait_s < self.min_wait_s
-                  else attribute(self.inputs(step), storage_waiting))
+        source = "" if wait_s < self.min_wait_s else self._blame(int(step), storage_waiting)
         record = DataWait(int(rank), int(step), wait_s, source, float(at))
         by_rank = self._waits.setdefault(record.step, {})
         self._count += record.rank not in by_rank
@@ -122,6 +126,17 @@ class DataWaitLedger:
                                         or self._count > self.keep_waits):
             self._count -= len(self._waits.pop(next(iter(self._waits))))
         return record
+
+    def _blame(self, step: int, storage_waiting: Collection[str]) -> str:
+        """:func:`attribute` for ``step``, remembered until its inputs or the storage waits change."""
+        waiting = frozenset(storage_waiting)
+        known = self._blamed.get(step)
+        if known is not None and known[0] == waiting:
+            return known[1]
+        source = attribute(self._inputs.get(step, {}), waiting)
+        self._blamed[step] = (waiting, source)
+        self._trim(self._blamed)
+        return source
 
     def waits(self) -> list[DataWait]:
         """Every wait kept, by rank then step."""

@@ -99,3 +99,17 @@ def test_the_ledger_keeps_only_the_newest_steps_and_chunks():
     assert sorted({w.step for w in wide.waits()}) == [2] and len(wide.waits()) == 4
     assert wide.by_rank()[0] == 0.25
     assert ledger.inputs(1) == {} and ledger.inputs(4) == {"chat": 3.0}
+
+
+def test_a_steps_blame_is_worked_out_once_and_follows_new_inputs_and_storage_waits():
+    ledger = DataWaitLedger(min_wait_s=0.01)
+    ledger.loaded(key("chat", 0), "chat", at=1.0)
+    ledger.loaded(key("code", 0), "code", at=2.0)
+    ledger.planned(3, [key("chat", 0), key("code", 0)])
+    assert {ledger.waited(r, 3, 0.5, at=9.0).source for r in range(64)} == {"code"}
+    assert len(ledger._blamed) == 1  # one answer for the step, not one per rank
+    ledger.loaded(key("images", 0), "images", at=3.0)
+    ledger.planned(3, [key("images", 0)])  # another DP rank's batch of the step: new inputs
+    assert ledger.waited(64, 3, 0.5, at=9.0).source == "images"
+    assert ledger.waited(65, 3, 0.5, at=9.0, storage_waiting={"chat"}).source == "chat"
+    assert ledger.waited(66, 3, 0.5, at=9.0).source == "images"  # the outage is over
