@@ -199,12 +199,16 @@ def check_str(value: Any, r: Reader, field: str) -> str:
 
 
 def check_int(value: Any, r: Reader, field: str) -> int:
+    if type(value) is int:  # the common case, without the slower abstract-class checks below
+        return value
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
         raise r.fail(field, f"must be an integer, got {type(value).__name__} {value!r:.80}")
     return int(value)
 
 
 def check_float(value: Any, r: Reader, field: str) -> float:
+    if type(value) is float:
+        return value
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise r.fail(field, f"must be a number, got {type(value).__name__} {value!r:.80}")
     return float(value)
@@ -225,7 +229,14 @@ def check_dict(value: Any, r: Reader, field: str) -> dict[str, Any]:
 def check_list(value: Any, r: Reader, field: str, item: Callable[[Any, Reader, str], T]) -> tuple[T, ...]:
     if not isinstance(value, (list, tuple)):
         raise r.fail(field, f"must be a list, got {type(value).__name__} {value!r:.80}")
+    plain = _PLAIN_ITEMS.get(item)  # a list of plain ints (floats, strings) is taken whole:
+    if plain is not None and all(type(v) is plain for v in value):  # no name made per item
+        return tuple(value)
     return tuple(item(v, r, f"{field}[{i}]") for i, v in enumerate(value))
+
+
+#: Item readers whose every value of exactly this type is read as it is (see check_list).
+_PLAIN_ITEMS: dict[Callable[..., Any], type] = {check_int: int, check_float: float, check_str: str}
 
 
 def check_mapping(value: Any, r: Reader, field: str, item: Callable[[Any, Reader, str], T]) -> dict[str, T]:

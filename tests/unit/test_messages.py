@@ -278,6 +278,20 @@ def test_a_consumed_tell_has_one_wait_per_step_or_none():
         m.ConsumedTell.from_msg({**msg, "waited": [0.5]})
 
 
+@pytest.mark.parametrize("steps, waits, pattern", [
+    ([4, True], [0.1, 0.2], r"'steps\[1\]' must be an integer, got bool"),
+    ([4, 5.0], [0.1, 0.2], r"'steps\[1\]' must be an integer, got float"),
+    ([4, 5], [0.1, "late"], r"'waits\[1\]' must be a number, got str"),
+])
+def test_a_list_read_whole_still_names_its_bad_item(steps, waits, pattern):
+    # plain int and float lists are taken without a check per item; one odd item falls back to them
+    msg = {**m.ConsumedTell(rank=3, steps=(4, 5), token="t0k").to_msg(), "steps": steps, "waits": waits}
+    with pytest.raises(MessageError, match=pattern):
+        m.ConsumedTell.from_msg(msg)
+    ok = m.ConsumedTell.from_msg({**msg, "steps": [4, np.int64(5)], "waits": [0.1, 2]})
+    assert ok.steps == (4, 5) and ok.waits == (0.1, 2.0) and type(ok.waits[1]) is float
+
+
 def test_a_consumed_reply_carries_each_tells_error_typed():
     from mdata.wire.errors import InvalidRequestError
 
