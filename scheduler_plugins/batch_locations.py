@@ -48,7 +48,7 @@ async def locate_many(runtime: "JobRuntime", step: int, asks: Sequence[LocationA
                 continue
         if ask.delivered is not None and not runtime._closed:
             events += runtime._delivery(ask.rank, ask.delivered, ask.token)
-        waiting[i] = (step, runtime.plan.mesh.coordinate(ask.rank).dp)
+        waiting[i] = (step, runtime.rank_dp[ask.rank])
     if events:
         runtime._enqueue(events)  # queued now, before any later acknowledgement
     began, asking = time.monotonic(), list(waiting)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 import traceback
 from collections import defaultdict, deque
@@ -42,6 +41,7 @@ from mdata.wire.messages import AttachReply, AttachRequest
 from mdata.wire.host_location import LocationAsk
 from scheduler_plugins import rewind
 from scheduler_plugins.batch_locations import locate_many
+from scheduler_plugins.consumption import Told, consumption_events, delivery_events
 from scheduler_plugins.job_tasks import release_job_tasks_settled
 from scheduler_plugins.lineage_store import LineageStore
 from scheduler_plugins.location_push import LocationPusher
@@ -128,6 +128,7 @@ class JobRuntime:
         self.wait_seconds: dict[int, float] = defaultdict(float)
         self.stalled_seconds: dict[int, float] = {}  # training loops' own waits (acks tell them)
         self.consumed_steps: dict[int, int] = {}
+        self.rank_dp: list[int] = plan.mesh.coordinates().dp.tolist()  # each rank's DP group
         self.started = time.time()
         # What the dashboard shows (mdata.observe): loads per source, trainer waits per step.
         self.source_meter = SourceMeter(tuple(plan.source_names), now=time.monotonic())
@@ -439,26 +440,25 @@ class JobRuntime:
             if delivery:
                 await self._handle_coalesced(*delivery)
             return
-        await self._handle_coalesced(*self._consumption(rank, step, token))
+        events, _ = consumption_events(self, [Told(rank, (step,), token)])
+        await self._handle_coalesced(*events)
 
     def consumed_told(self, rank: int, steps: tuple[int, ...], token: str, stalled_s: float,
                       waits: tuple[float, ...] = ()) -> tuple[int, ...]:
         """``rank`` consumed ``steps``, told with its location request (checked by the handler):
-        queued for the Planner now, without waiting for them to be applied, so the long poll
-        that carried them goes on at once. ``waits``: the loop's exposed wait of each step, for
-        the dashboard's waiting page (:mod:`mdata.data_waits`). Returns the steps told first."""
-        if stalled_s >= 0:
-            self.stalled_seconds[rank] = stalled_s
-        if waits:
-            now, storage = time.monotonic(), set(self.storage_waits)
-            for step, wait in zip(steps, waits):
-                if math.isfinite(wait) and wait >= 0:  # -1: not measured
-                    self.data_waits.waited(rank, step, wait, at=now, storage_waiting=storage)
-        if self._closed:
-            return ()
-        first = [self.told.first(rank, step, token) for step in steps]  # a resend counts once
-        self._enqueue([ev for s, new in zip(steps, first) for ev in self._consumption(rank, s, token, new)])
-        return tuple(s for s, new in zip(steps, first) if new)
+        :meth:`consumed_many` for one rank. Returns the steps told first."""
+        return self.consumed_many([Told(rank, tuple(steps), token, stalled_s, tuple(waits))])[0]
+
+    def consumed_many(self, told) -> list[tuple[int, ...]]:
+        """What several ranks consumed (:class:`~scheduler_plugins.consumption.Told` entries,
+        checked by the handler), queued for the Planner now as a few events per step and DP
+        group (:mod:`scheduler_plugins.consumption`), without waiting for them to be applied,
+        so the message that carried them is answered at once. ``waits`` feed the dashboard's
+        waiting page (:mod:`mdata.data_waits`). Per entry, the steps told first."""
+        events, firsts = consumption_events(self, told)
+        if events:
+            self._enqueue(events)
+        return firsts
 
     def pushed_waits(self, rank: int, steps, waited) -> None:
         """How long ``rank``'s prefetcher waited for the pushed locations of ``steps`` (-1: it
@@ -468,33 +468,10 @@ class JobRuntime:
                 self.wait_seconds[rank] += seconds
                 self.trainer_meter.waited(rank, step, seconds)
 
-    def _consumption(self, rank: int, step: int, token: str, first: bool | None = None) -> list:
-        """The events of ``rank`` consuming ``step``: its delivery first (consumption implies it),
-        unless told already, then the consumption; counted for the rank's status when ``first``
-        told (None: look it up; a repeat changes nothing in the Planner either)."""
-        self.consumed_steps[rank] = max(self.consumed_steps.get(rank, -1), step)
-        if self.told.first(rank, step, token) if first is None else first:
-            self.trainer_meter.consumed(rank, step)
-        return [*self._delivery(rank, step, token),
-                ps.BatchConsumed(step=step, rank=rank, stimulus_id=f"ack-{rank}-{step}")]
-
     def _delivery(self, rank: int, step: int, token: str) -> list:
         """The delivery of ``step`` to ``rank`` as an event, unless that Loader told it already
         (a rank that gets its batch by broadcast has none)."""
-        dp_rank = self.plan.mesh.coordinate(rank).dp
-        consumed = self.view.consumed_step
-        if rank not in self.state.receivers[dp_rank] or step < consumed:
-            return []
-        told = self.delivered.get(rank)
-        if told is None or told[0] != token:
-            told = self.delivered[rank] = (token, set())
-        if step in told[1]:
-            return []
-        told[1].add(step)
-        if len(told[1]) > 64:  # steps before the consumed one are refused above: forget them
-            told[1].difference_update([s for s in told[1] if s < consumed])
-        return [ps.BatchDelivered(step=step, dp_rank=dp_rank, ranks=(rank,),
-                                  stimulus_id=f"delivered-{rank}-{step}")]
+        return delivery_events(self, rank, step, token)
 
     # -- trainers: leases and resumes ---------------------------------------------------------------
     async def attach(self, req: AttachRequest) -> AttachReply:

@@ -20,7 +20,7 @@ message not confirmed in time; the runtime counts a repeated step once
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from mdata.errors import MdataError
@@ -28,6 +28,7 @@ from mdata.wire.codec import Handler
 from mdata.wire.errors import InvalidRequestError
 from mdata.wire.host_location import ConsumedTell
 from mdata.wire.stream_tells import CONFIRM_OP, TELL_OP, StreamedTells, TellsConfirmed
+from scheduler_plugins.consumption import Told
 from scheduler_plugins.rank_checks import check_lease, check_received, check_stall
 from scheduler_plugins.request_checks import check_rank, check_step
 
@@ -42,28 +43,34 @@ logger = logging.getLogger("mdata.planner")
 HANDLER = Handler.CONSUMED.value
 
 
-def take_tells(runtime: "JobRuntime", tells: Iterable[ConsumedTell],
+def take_tells(runtime: "JobRuntime", tells: Sequence[ConsumedTell],
                handler: str = HANDLER) -> tuple[MdataError | None, ...]:
     """Check and queue for the Planner what several ranks' training loops consumed; per tell,
-    its error or None. Each tell is checked as an ack is, so a wrong one fails alone."""
-    errors: list[MdataError | None] = []
-    for tell in tells:
+    its error or None. Each tell is checked as an ack is, so a wrong one fails alone; the ones
+    taken go to the Planner together, as a few events per step and DP group
+    (:mod:`scheduler_plugins.consumption`)."""
+    errors: list[MdataError | None] = [None] * len(tells)
+    taken: list[tuple[ConsumedTell, list[float]]] = []
+    told: list[Told] = []
+    world = runtime.plan.mesh.world_size
+    for i, tell in enumerate(tells):
         try:
-            check_rank(handler, tell.rank, runtime.plan.mesh.world_size)
+            check_rank(handler, tell.rank, world)
             check_lease(handler, tell.rank, tell.token, runtime.roster, tell.generation)
             for step in tell.steps:
                 check_received(handler, runtime.view, tell.rank, check_step(handler, step))
             waited = [check_stall(handler, tell.rank, w) for w in tell.waited]
-            first = set(runtime.consumed_told(tell.rank, tell.steps, tell.token,
-                                              check_stall(handler, tell.rank, tell.stalled_s),
-                                              tell.waits))
-            if waited:  # a resent step's wait was counted when it was first told
-                steps = [(s, w) for s, w in zip(tell.steps, waited) if s in first]
-                runtime.pushed_waits(tell.rank, [s for s, _ in steps], [w for _, w in steps])
+            stalled = check_stall(handler, tell.rank, tell.stalled_s)
         except MdataError as exc:
-            errors.append(exc)
+            errors[i] = exc
             continue
-        errors.append(None)
+        taken.append((tell, waited))
+        told.append(Told(tell.rank, tell.steps, tell.token, stalled, tell.waits))
+    for (tell, waited), first in zip(taken, runtime.consumed_many(told)):
+        if waited:  # a resent step's wait was counted when it was first told
+            new = set(first)
+            steps = [(s, w) for s, w in zip(tell.steps, waited) if s in new]
+            runtime.pushed_waits(tell.rank, [s for s, _ in steps], [w for _, w in steps])
     return tuple(errors)
 
 
