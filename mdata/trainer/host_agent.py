@@ -18,16 +18,22 @@ scheduler). A rank whose process is gone (checked every :data:`CHECK_S`) leaves 
 its leases end (as its own client's leaving would have ended them), so a restarted trainer
 takes its rank back. The agent exits when its last rank says goodbye or is gone, removing its
 address file under the lock first.
+
+A stuck host is diagnosed as a stuck rank is: ``kill -USR1 <agent pid>`` (the pid is in the
+address file) writes every thread's stack to the agent's log, ``<key>.log`` beside its address
+file, which is kept when it is not empty.
 """
 
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import hmac
 import json
 import logging
 import os
 import secrets
+import signal
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -312,6 +318,7 @@ def main(argv: list[str] | None = None) -> None:
     spec = json.loads(spec_path.read_text())
     spec_path.unlink(missing_ok=True)
     logging.basicConfig(level=logging.WARNING)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # stacks to the log (module docstring)
     asyncio.run(serve(spec))
 
 

@@ -1,37 +1,87 @@
 """Trainer process body for the host agent's cluster tests (its own module, for ``spawn``).
 
 Each process is one rank with a Loader given the scheduler's address (as torchrun's local ranks
-are); ``agent`` turns ``mdata.trainer.host-agent`` on in it. Every step it puts
+are); ``agent`` turns ``mdata.trainer.host-agent`` on in it. Every step it sends
 ``("step", rank, step)`` on ``out`` (so a test can act mid-run), then at the end
 ``("done", rank, received, client id, why the agent was lost)`` or ``("error", rank, text)``.
+
+``out`` is the process' own pipe (:class:`Inbox`), not a queue shared by all: the tests kill
+trainers with SIGKILL, and a process killed while its queue feeder held the shared queue's write
+lock left every other trainer blocked on that lock at exit, its last messages never sent. That
+was the host-agent tests' intermittent "no word from the trainers for 180 s": the trainers had
+finished; their results were stuck behind the dead process' lock.
 """
 
 from __future__ import annotations
 
 import faulthandler
 import os
+import queue
 import signal
 import time
+from multiprocessing.connection import wait
 
 #: The signal on which a trainer writes every thread's stack to stderr: a test that hears nothing
 #: from it sends this first, so a hang shows where it is (:func:`silent_trainers`).
 DUMP_SIGNAL = signal.SIGUSR1
 
 
-def silent_trainers(procs, last: dict) -> str:
+class Inbox:
+    """Messages from trainer processes, one pipe each (see the module docstring): ``writer(key)``
+    is what a process sends on, ``get`` the next message from any of them, ``drop(key)`` forgets
+    a killed process' pipe (a message it was writing may be cut short)."""
+
+    def __init__(self, ctx) -> None:
+        self.ctx = ctx
+        self._readers: dict = {}
+
+    def writer(self, key):
+        reader, writer = self.ctx.Pipe(duplex=False)
+        self._readers[key] = reader
+        return writer
+
+    def drop(self, key) -> None:
+        reader = self._readers.pop(key, None)
+        if reader is not None:
+            reader.close()
+
+    def get(self, timeout: float):
+        """The next message; ``queue.Empty`` after ``timeout`` seconds without one."""
+        deadline = time.monotonic() + timeout
+        while self._readers:
+            ready = wait(list(self._readers.values()), max(0.0, deadline - time.monotonic()))
+            if not ready:
+                break
+            for reader in ready:
+                try:
+                    return reader.recv()
+                except (EOFError, OSError):  # that process ended: nothing more from it
+                    self._readers = {k: r for k, r in self._readers.items() if r is not reader}
+                    reader.close()
+        raise queue.Empty
+
+
+def silent_trainers(procs, last: dict, scheduler: str = "") -> str:
     """After no word from the trainers: have each live one write its threads' stacks to stderr
-    (before the test fails and its cluster closes), and say so with what each rank last told."""
-    asked = []
-    for proc in procs:
-        if proc.is_alive():
-            try:
-                os.kill(proc.pid, DUMP_SIGNAL)
-                asked.append(proc.pid)
-            except ProcessLookupError:
-                pass
+    (before the test fails and its cluster closes), and the host agent of ``scheduler`` its own
+    to its log, quoted here; say so with what each rank last told."""
+    from mdata.trainer.agent_lock import agent_paths, read_address
+
+    asked = [proc.pid for proc in procs if proc.is_alive()]
+    agent = read_address(agent_paths(scheduler)[1]) if scheduler else None
+    for pid in asked + ([agent.pid] if agent is not None else []):
+        try:
+            os.kill(pid, DUMP_SIGNAL)
+        except ProcessLookupError:
+            pass
     time.sleep(1.0)
+    said = ""
+    if agent is not None:
+        log = agent_paths(scheduler)[0].with_suffix(".log")
+        said = f"; the agent (pid {agent.pid}) logged: {log.read_text(errors='replace')[-8000:]}" \
+            if log.exists() else f"; the agent (pid {agent.pid}) has no log"
     return (f"no word from the trainers within 180 s (stacks of pids {asked} on stderr); "
-            f"last from each rank: {last}")
+            f"last from each rank: {last}{said}")
 
 
 def trainer(rank: int, world: int, address: str, job: str, steps: int, out, agent: bool,
@@ -53,10 +103,10 @@ def trainer(rank: int, world: int, address: str, job: str, steps: int, out, agen
                     loader.steps = steps - loader.attach()["start_step"]
                 for batch in loader:
                     got.append((batch["step"], batch["sample_ids"].tolist(), token_hash(batch)))
-                    out.put(("step", rank, batch["step"]))
+                    out.send(("step", rank, batch["step"]))
                     time.sleep(step_s)
                 client_id = str(loader.client.id)
                 lost = getattr(loader.client, "lost", None)
-        out.put(("done", rank, got, client_id, lost))
+        out.send(("done", rank, got, client_id, lost))
     except BaseException as exc:  # noqa: BLE001 - reported to the test, never a hang
-        out.put(("error", rank, f"{type(exc).__name__}: {exc}"))
+        out.send(("error", rank, f"{type(exc).__name__}: {exc}"))

@@ -47,7 +47,7 @@ def run_ranks(client, address: str, job: str, *, agent: bool, step_s: float = 0.
     """Run RANKS trainer processes of ``job``; per rank ``(received, client id, lost)``, and the
     clients the scheduler had while they ran, beyond those it had before. ``at_step(rank,
     step)`` is called in the test as the ranks report their steps."""
-    from agent_trainer import silent_trainers, trainer
+    from agent_trainer import Inbox, silent_trainers, trainer
 
     before = _clients(client)
     seen: set[str] = set()
@@ -61,15 +61,16 @@ def run_ranks(client, address: str, job: str, *, agent: bool, step_s: float = 0.
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=trainer, args=(r, RANKS, address, job, STEPS, out, agent, step_s))
+    inbox = Inbox(ctx)
+    procs = [ctx.Process(target=trainer, args=(r, RANKS, address, job, STEPS, inbox.writer(r),
+                                               agent, step_s))
              for r in range(RANKS)]
     for p in procs:
         p.start()
     results, errors, last = {}, [], {}
     try:
         while len(results) + len(errors) < RANKS:
-            kind, rank, *rest = out.get(timeout=180)
+            kind, rank, *rest = inbox.get(timeout=180)
             last[rank] = (kind, rest[0] if kind == "step" else "")
             if kind == "step" and at_step is not None:
                 at_step(rank, rest[0])
@@ -78,7 +79,7 @@ def run_ranks(client, address: str, job: str, *, agent: bool, step_s: float = 0.
             elif kind == "error":
                 errors.append(f"rank {rank}: {rest[0]}")
     except queue.Empty:
-        errors.append(silent_trainers(procs, last))
+        errors.append(silent_trainers(procs, last, address))
     finally:
         stop.set()
         watcher.join(timeout=10)  # a scheduler call stuck in it must not hang the test
@@ -166,25 +167,34 @@ def test_a_killed_agent_changes_nothing_the_ranks_receive(mdata_cluster, client,
 
 def test_the_agent_exits_when_its_ranks_are_killed(mdata_cluster, client, example_sources_small):
     """Ranks killed with SIGKILL never say goodbye: the agent sees their processes gone."""
-    from agent_trainer import trainer
+    from agent_trainer import Inbox, trainer
 
     address = mdata_cluster.scheduler_address
     submit_job(client, _plan(example_sources_small), job="agent-orphaned")
     ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=trainer, args=(r, RANKS, address, "agent-orphaned", STEPS, out,
-                                               True, 1.0)) for r in range(2)]
+    inbox = Inbox(ctx)
+    procs = [ctx.Process(target=trainer, args=(r, RANKS, address, "agent-orphaned", STEPS,
+                                               inbox.writer(r), True, 1.0)) for r in range(2)]
     for p in procs:
         p.start()
-    kind, *_ = out.get(timeout=180)  # a rank took a step: the agent serves it
+    kind, *_ = inbox.get(timeout=180)  # a rank took a step: the agent serves it
     assert kind == "step"
     found = read_address(agent_paths(address)[1])
     assert found is not None and pid_alive(found.pid)
+    # a stuck agent is diagnosed as a stuck rank is: SIGUSR1 writes its threads' stacks to its log
+    log = agent_paths(address)[0].with_suffix(".log")
+    os.kill(found.pid, signal.SIGUSR1)
+    deadline = time.monotonic() + 10
+    while "(most recent call first)" not in (log.read_text() if log.exists() else ""):
+        assert time.monotonic() < deadline, "the agent wrote no stacks to its log on SIGUSR1"
+        time.sleep(0.05)
+    assert "host_agent.py" in log.read_text()  # its own frames (the serving loop) among them
     for p in procs:
         os.kill(p.pid, signal.SIGKILL)
         p.join(timeout=30)
     assert _wait_gone(found.pid), "the host agent outlived its killed ranks"
     assert read_address(agent_paths(address)[1]) is None
+    log.unlink(missing_ok=True)  # kept by the agent because it is not empty
     _close(client, "agent-orphaned")
 
 
@@ -194,17 +204,18 @@ def test_a_killed_rank_restarted_takes_its_rank_back_from_the_agent(mdata_cluste
     """The agent lives on when one of its ranks is killed; the rank's lease, held with the
     agent's client, ends with the process, so a restarted trainer leases it again (and gets
     the steps an uninterrupted run gives) instead of a RankTakenError."""
-    from agent_trainer import silent_trainers, trainer
+    from agent_trainer import Inbox, silent_trainers, trainer
 
     address = mdata_cluster.scheduler_address
     off, _ = reference
     submit_job(client, _plan(example_sources_small), job="agent-restart")
     ctx = mp.get_context("spawn")
-    out = ctx.Queue()
+    inbox = Inbox(ctx)
 
-    def start(rank: int):
+    def start(rank: int, key=None):
         proc = ctx.Process(target=trainer, args=(rank, RANKS, address, "agent-restart", STEPS,
-                                                 out, True, 0.2, True))
+                                                 inbox.writer(rank if key is None else key),
+                                                 True, 0.2, True))
         proc.start()
         return proc
 
@@ -212,17 +223,18 @@ def test_a_killed_rank_restarted_takes_its_rank_back_from_the_agent(mdata_cluste
     results, errors, restarted, last = {}, [], False, {}
     while len(results) + len(errors) < RANKS:
         try:
-            kind, rank, *rest = out.get(timeout=180)
+            kind, rank, *rest = inbox.get(timeout=180)
         except queue.Empty:  # a hang: show where each trainer is before failing
-            errors.append(f"{silent_trainers(procs.values(), last)}; restarted: {restarted}")
+            errors.append(f"{silent_trainers(procs.values(), last, address)}; restarted: {restarted}")
             break
         last[rank] = (kind, rest[0] if kind == "step" else "")
         if kind == "step" and rank == 1 and rest[0] == 2 and not restarted:
             os.kill(procs[1].pid, signal.SIGKILL)
             procs[1].join(timeout=30)
+            inbox.drop(1)  # a message it was sending when killed may be cut short
             agent = read_address(agent_paths(address)[1])
             assert agent is not None and pid_alive(agent.pid)  # the others still use it
-            procs[1] = start(1)
+            procs[1] = start(1, key="1-restarted")
             restarted = True
         elif kind == "done":
             results[rank] = rest
