@@ -178,8 +178,34 @@ class JobRuntime:
             self._fail(f"planner error: {exc!r}\n{traceback.format_exc()}", exc)
             return
         self.view = view
+        self._carry_out(actions)
+
+    def _carry_out(self, actions) -> None:
+        """Carry out instructions in order; consecutive loads and constructions go to Dask together
+        (:meth:`_load_chunks`, :meth:`_construct_batches`): one graph per run of them, not one
+        ``update-graph`` message (pickled, sent to this scheduler over the planner client's comm,
+        unpickled) per chunk and per DP group, a cost that grew with DP groups every step."""
+        loads: list = []
+        constructs: list = []
         for action, ins in actions:
-            action(ins)
+            kind = type(ins)
+            if kind is ps.LoadChunk:
+                loads.append(ins)
+            elif kind is ps.ConstructBatch:
+                constructs.append(ins)
+            else:
+                self._submit(loads, constructs)
+                action(ins)
+        self._submit(loads, constructs)
+
+    def _submit(self, loads: list, constructs: list) -> None:
+        """The loads and constructions gathered so far, submitted; both lists emptied."""
+        if loads:
+            self._load_chunks(loads)
+            loads.clear()
+        if constructs:
+            self._construct_batches(constructs)
+            constructs.clear()
 
     def _plan(self, events) -> tuple[list, PlannerView]:
         """Runs in a thread, under ``self.lock``: apply the events, then snapshot the state."""
@@ -264,21 +290,32 @@ class JobRuntime:
 
     # -- instructions out ------------------------------------------------------------------------
     def _load_chunk(self, ins: "ps.LoadChunk") -> None:
-        chunk = ins.chunk
-        source = self.sources[chunk.source]
-        if ins.reload:
-            self.recoveries.chunk_reloaded()
-        resources = {pool_resource(chunk.source): 1}
-        fut = self.client.submit(
-            load_chunk_task, source, chunk.shard, chunk.start, chunk.stop,
-            self.expected_shards.of(chunk.source, chunk.shard),
-            key=chunk.key, resources=resources, pure=False,
-        )
-        meta_key = ("mdata-summary",) + tuple(chunk.key[1:])
-        meta = self.client.submit(chunk_summary_task, fut, key=meta_key, resources=resources, pure=False)
-        self.chunk_futures[chunk.key] = fut
-        self.source_meter.requested(chunk.source, chunk.stop - chunk.start)
-        self._spawn(self._await_summary(chunk, fut, meta))
+        self._load_chunks([ins])
+
+    def _load_chunks(self, loads: list) -> None:
+        """Submit each chunk's load task and the summary task the Planner hears from (one
+        graph of each per source: a source's tasks need its pool's resource)."""
+        by_source: dict[str, list] = {}
+        for ins in loads:
+            by_source.setdefault(ins.chunk.source, []).append(ins)
+        for name, group in by_source.items():
+            source, resources = self.sources[name], {pool_resource(name): 1}
+            chunks = [ins.chunk for ins in group]
+            for ins in group:
+                if ins.reload:
+                    self.recoveries.chunk_reloaded()
+            futs = self.client.map(
+                load_chunk_task, [source] * len(chunks), [c.shard for c in chunks],
+                [c.start for c in chunks], [c.stop for c in chunks],
+                [self.expected_shards.of(name, c.shard) for c in chunks],
+                key=[c.key for c in chunks], resources=resources, pure=False)
+            metas = self.client.map(
+                chunk_summary_task, futs, key=[("mdata-summary",) + tuple(c.key[1:]) for c in chunks],
+                resources=resources, pure=False)
+            for chunk, fut, meta in zip(chunks, futs, metas):
+                self.chunk_futures[chunk.key] = fut
+                self.source_meter.requested(name, chunk.stop - chunk.start)
+                self._spawn(self._await_summary(chunk, fut, meta))
 
     async def _await_summary(self, chunk, fut, meta) -> None:
         try:
@@ -308,8 +345,24 @@ class JobRuntime:
         )
 
     def _construct_batch(self, ins: "ps.ConstructBatch") -> None:
+        self._construct_batches([ins])
+
+    def _construct_batches(self, constructs: list) -> None:
+        """Submit the construct task of each DP group's batch, all in one graph."""
+        specs = [self._construct_spec(ins) for ins in constructs]
+        # the generation keeps a rewound job's batches apart from the ones it dropped
+        keys = [("mdata-construct", self.job, self.roster.generation, ins.step, ins.dp_rank)
+                for ins in constructs]
+        futs = self.client.map(construct_task, [spec.to_msg() for spec in specs], key=keys,
+                               resources={CONSTRUCTOR_RESOURCE: 1}, pure=False)
+        for ins, spec, fut in zip(constructs, specs, futs):
+            self.batch_futures[(ins.step, ins.dp_rank)] = fut
+            self.data_waits.planned(ins.step, (tuple(pull.key) for pull in spec.chunks))
+            self._spawn(self._await_batch(ins.step, ins.dp_rank, fut))
+
+    def _construct_spec(self, ins: "ps.ConstructBatch") -> ConstructSpec:
         samples = ins.samples
-        spec = ConstructSpec(
+        return ConstructSpec(
             step=int(ins.step),
             dp_rank=int(ins.dp_rank),
             chunks=tuple(ChunkPull(tuple(key), tuple(indices.tolist()), tuple(self.who_has(key)))
@@ -325,14 +378,6 @@ class JobRuntime:
             image_token_id=None if self.plan.image_token_id is None else int(self.plan.image_token_id),
             wait_s=float(self.chunk_wait_s),
         )
-        # the generation keeps a rewound job's batches apart from the ones it dropped
-        key = ("mdata-construct", self.job, self.roster.generation, ins.step, ins.dp_rank)
-        fut = self.client.submit(
-            construct_task, spec.to_msg(), key=key, resources={CONSTRUCTOR_RESOURCE: 1}, pure=False
-        )
-        self.batch_futures[(ins.step, ins.dp_rank)] = fut
-        self.data_waits.planned(ins.step, (tuple(pull.key) for pull in spec.chunks))
-        self._spawn(self._await_batch(ins.step, ins.dp_rank, fut))
 
     async def _await_batch(self, step: int, dp_rank: int, fut) -> None:
         """Wait for a construct task without gathering its result (the batch stays on the worker).
