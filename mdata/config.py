@@ -8,6 +8,7 @@ when an object is built and passed down explicitly from there (no global lookups
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -16,22 +17,44 @@ import yaml
 from dask.utils import parse_timedelta
 
 _DEFAULTS = Path(__file__).with_name("mdata.yaml")
+with _DEFAULTS.open() as _f:
+    _TREE: dict[str, Any] = yaml.safe_load(_f)
+dask.config.update_defaults(_TREE)
 
-def _load_defaults() -> None:
-    with _DEFAULTS.open() as f:
-        dask.config.update_defaults(yaml.safe_load(f))
+
+def _keys(tree: dict[str, Any], prefix: str = "") -> set[str]:
+    """Every dotted key of ``tree`` (``"trainer.timeout"``), and each section's own."""
+    out: set[str] = set()
+    for name, value in tree.items():
+        key = f"{prefix}{name}"
+        out.add(key)
+        if isinstance(value, dict):
+            out |= _keys(value, f"{key}.")
+    return out
 
 
-_load_defaults()
+_KEYS = _keys(_TREE["mdata"])
+_MISSING = object()
+
+
+def _restore_defaults() -> None:
+    """Put mdata's defaults back where a key is missing, never over a value someone set."""
+    dask.config.update(dask.config.config, copy.deepcopy(_TREE), priority="old")
 
 
 def get(key: str, default: Any = None) -> Any:
-    """A raw value under ``mdata.``, e.g. ``get("trainer.prefetch")``."""
-    if "mdata" not in dask.config.config:
-        # ``with dask.config.set({"mdata.x": ...})`` entered before this module was imported
-        # deletes the whole ``mdata`` section on exit, defaults included: merge them back
-        _load_defaults()
-    return dask.config.get(f"mdata.{key}", default=default)
+    """A raw value under ``mdata.``, e.g. ``get("trainer.prefetch")``.
+
+    ``with dask.config.set({"mdata.x": ...})`` entered before this module was imported restores
+    the ``mdata`` section on exit to what it was before the block, which drops the defaults
+    merged inside it: the whole section when there was none, or all but what the environment set
+    (``DASK_MDATA__...`` variables make a partial section before mdata is imported). A default
+    key found missing is put back, so it never reads as None."""
+    value = dask.config.get(f"mdata.{key}", default=_MISSING)
+    if value is _MISSING and key in _KEYS:
+        _restore_defaults()
+        value = dask.config.get(f"mdata.{key}", default=_MISSING)
+    return default if value is _MISSING else value
 
 
 def seconds(key: str) -> float:

@@ -5,6 +5,7 @@ fsspec cost each such process ~15 MB of its own. They are imported where Parquet
 schema checked (a loader's first load or listing), not by the modules other roles import.
 """
 
+import os
 import subprocess
 import sys
 
@@ -51,3 +52,20 @@ def test_defaults_survive_a_config_block_entered_before_mdata_config_was_importe
         "assert config.seconds('trainer.timeout') == 120\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+
+
+def test_defaults_survive_that_block_beside_an_environment_variable():
+    """A ``DASK_MDATA__...`` variable makes a partial ``mdata`` section before mdata is imported;
+    the block's exit restores that partial section. The defaults must come back beside it, and
+    the variable's value must stay (it read as None before: a TypeError in ``seconds``)."""
+    code = (
+        "import dask.config\n"
+        "with dask.config.set({'mdata.trainer.timeout': '3s'}):\n"
+        "    from mdata import config\n"
+        "assert config.seconds('trainer.timeout') == 120\n"
+        "assert config.get('trainer.host-agent') is True\n"
+        "assert config.get('no-such-key', 5) == 5\n"
+    )
+    env = {**os.environ, "DASK_MDATA__TRAINER__HOST_AGENT": "true"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
