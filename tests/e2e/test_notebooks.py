@@ -10,6 +10,7 @@ command fails CI rather than a reader.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -42,6 +43,8 @@ def _execute(name: str, out: Path) -> nbformat.NotebookNode:
     """Render ``name`` into ``out`` with the documented command; the executed copy, which keeps
     every code cell's outputs (the committed notebook has none)."""
     _check_kernel_is_this_python()
+    cells = json.loads((NOTEBOOKS / name).read_text())["cells"]  # as committed, before nbformat fills in
+    assert all("id" in cell for cell in cells), f"{name} has cells without an id (nbformat 4.5 needs them)"
     committed = nbformat.read(NOTEBOOKS / name, as_version=4)
     for cell in committed.cells:
         if cell.cell_type == "code":
