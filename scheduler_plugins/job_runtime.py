@@ -85,6 +85,9 @@ class JobRuntime:
         self.client = client
         self.job = job
         self.plan = plan
+        # the plan's hash, told to every rank that attaches: worked out once, not per attach
+        # (it hashes the whole plan; thousands of ranks attach at once)
+        self.fingerprint = plan.fingerprint()
         self.state = state
         # lineage older than the DGraph's retention goes to files (scheduler_plugins.lineage_store)
         self.lineage = LineageStore.for_job(job, lineage_steps)

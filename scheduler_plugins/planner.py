@@ -220,10 +220,10 @@ class PlannerPlugin(SchedulerPlugin):
         fingerprint = plan_obj.fingerprint()
         existing = self.jobs.get(job)
         if existing is not None:
-            if existing.plan.fingerprint() != fingerprint:
+            if existing.fingerprint != fingerprint:
                 raise PlanError(
                     f"job {job!r} is already running another plan (fingerprint "
-                    f"{existing.plan.fingerprint()} vs {fingerprint}); use another job name or close it"
+                    f"{existing.fingerprint} vs {fingerprint}); use another job name or close it"
                 )
             if checkpoint is not None and not req.by_loader:  # a Loader's attach decides
                 await existing.rewind_for_driver(dict(checkpoint), options)
@@ -260,7 +260,7 @@ class PlannerPlugin(SchedulerPlugin):
         mesh = runtime.plan.mesh
         return msg.JobInfo(
             job=runtime.job,
-            fingerprint=runtime.plan.fingerprint(),
+            fingerprint=runtime.fingerprint,
             start_step=runtime.view.consumed_step,
             broadcast=runtime.plan.broadcast,
             mesh=msg.MeshShape.of(mesh),
