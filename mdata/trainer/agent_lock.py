@@ -1,10 +1,11 @@
 """Finding this host's agent for a scheduler, or starting it: a lock file and an address file.
 
-The ranks of one host (torchrun's local ranks) share one agent per scheduler address and user
-(:mod:`mdata.trainer.host_agent`). They find it through two files in a private directory
+The ranks of one host (torchrun's local ranks) share one agent per scheduler address, user and
+PID namespace (:mod:`mdata.trainer.host_agent`; the agent sees whether its ranks still run by
+their pids, which mean something only in its own namespace, so containers that share ``/tmp``
+get one agent each). They find it through two files in a private directory
 (``$XDG_RUNTIME_DIR/mdata-agents``, else ``/tmp/mdata-agents-<uid>``, mode 0700, refused when it
-belongs to someone else or others may enter it), both named by a hash of the scheduler address
-and the user:
+belongs to someone else or others may enter it), both named by a hash of the three:
 
 - ``<key>.lock``: an exclusive ``flock`` held while a rank looks for the agent, starts one when
   none answers, and says hello to it; the agent holds it too while it decides to exit, so a rank
@@ -32,7 +33,7 @@ from typing import Iterator
 from mdata.errors import TrainerError
 
 __all__ = ["AgentLost", "AgentAddress", "agent_dir", "agent_key", "agent_paths", "held_lock",
-           "read_address", "write_address", "remove_address", "pid_alive", "write_spec"]
+           "pid_namespace", "read_address", "write_address", "remove_address", "pid_alive", "write_spec"]
 
 
 class AgentLost(Exception):
@@ -68,10 +69,21 @@ def agent_dir(base: str | None = None) -> Path:
     return path
 
 
-def agent_key(scheduler: str, user: str | None = None) -> str:
-    """The name of the agent files of ``scheduler`` for ``user`` (default: this user)."""
+def pid_namespace() -> str:
+    """This process' PID namespace (``"pid:[4026531836]"``); empty where the system has none."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
+def agent_key(scheduler: str, user: str | None = None, pidns: str | None = None) -> str:
+    """The name of the agent files of ``scheduler`` for ``user`` (default: this user) in PID
+    namespace ``pidns`` (default: this process'). An agent watches its ranks' pids, so ranks in
+    another namespace (containers sharing ``/tmp``) get an agent of their own, never this one."""
     who = user if user is not None else getpass.getuser()
-    return hashlib.sha256(f"{who}\0{scheduler}".encode()).hexdigest()[:24]
+    space = pid_namespace() if pidns is None else pidns
+    return hashlib.sha256(f"{who}\0{scheduler}\0{space}".encode()).hexdigest()[:24]
 
 
 def agent_paths(scheduler: str, base: str | None = None) -> tuple[Path, Path]:

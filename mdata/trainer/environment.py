@@ -10,7 +10,12 @@ from typing import Any
 
 from mdata.errors import MeshError, TrainerError
 
-__all__ = ["default_device", "rank_from_env", "world_size_mismatch"]
+__all__ = ["default_device", "rank_from_env", "world_size_mismatch", "wants_host_agent", "AUTO_AGENT_WORLD"]
+
+#: With ``mdata.trainer.host-agent: auto``, the world size from which a host's trainer processes
+#: share one client: below it the scheduler has time to spare for one client per process, and
+#: the agent would only add its local hop to each request.
+AUTO_AGENT_WORLD = 1024
 
 
 def default_device():
@@ -64,3 +69,25 @@ def world_size_mismatch(job: str, mesh: Any, world_size: int,
         f"(world size {needed}), but this trainer says WORLD_SIZE={world_size}. Start {needed} "
         f"trainer ranks: {start}; or {change}, and register the plan again (a new job name, or "
         "after the job is closed)")
+
+
+def wants_host_agent(setting: Any, environ: Any = None) -> bool:
+    """Whether this trainer process goes through its host's agent (``mdata.trainer.host-agent``):
+    ``true``/``false`` as set; ``auto`` when torchrun says this process has local peers
+    (``LOCAL_WORLD_SIZE`` > 1) in a world of :data:`AUTO_AGENT_WORLD` ranks or more, where
+    one client per process is what the scheduler can no longer afford."""
+    if isinstance(setting, str) and setting.strip().lower() == "auto":
+        env = os.environ if environ is None else environ
+        try:
+            return int(env.get("LOCAL_WORLD_SIZE", "1")) > 1 and \
+                int(env.get("WORLD_SIZE", "1")) >= AUTO_AGENT_WORLD
+        except ValueError:
+            return False
+    if isinstance(setting, str):
+        value = setting.strip().lower()
+        if value in ("true", "yes", "on", "1"):
+            return True
+        if value in ("false", "no", "off", "0", ""):
+            return False
+        raise TrainerError(f"mdata.trainer.host-agent must be true, false or auto, got {setting!r}")
+    return bool(setting)

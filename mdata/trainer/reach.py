@@ -15,6 +15,7 @@ import socket
 import time
 
 from mdata.errors import TrainerError
+from mdata.trainer.environment import wants_host_agent
 
 __all__ = ["check_listening", "connect_client", "REFUSED_FOR_S"]
 
@@ -62,7 +63,8 @@ def connect_client(address_or_client, timeout: float, security=None):
     """A Dask client for a Loader: ``address_or_client`` itself when it is one (returned with
     False: the Loader must not close it), else a new client to that address (True), after
     :func:`check_listening` so that a wrong address fails in one line; with
-    ``mdata.trainer.host-agent`` on, that client is the host agent's
+    ``mdata.trainer.host-agent`` on (or ``auto`` at scale: :func:`wants_host_agent`), that
+    client is the host agent's
     (:class:`~mdata.trainer.agent_client.AgentClient`)."""
     from distributed import Client
 
@@ -71,7 +73,7 @@ def connect_client(address_or_client, timeout: float, security=None):
     check_listening(str(address_or_client))  # nothing there: one line in seconds, not the timeout
     from mdata import config
 
-    if config.get("trainer.host-agent") and isinstance(address_or_client, str):
+    if isinstance(address_or_client, str) and wants_host_agent(config.get("trainer.host-agent")):
         from mdata.trainer.agent_client import connect_agent  # one client per host and scheduler
 
         try:

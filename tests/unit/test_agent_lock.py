@@ -15,7 +15,7 @@ import pytest
 from mdata.errors import TrainerError
 from mdata.trainer.agent_lock import (
     AgentAddress, agent_dir, agent_key, agent_paths, held_lock, pid_alive, read_address,
-    remove_address, write_address, write_spec,
+    pid_namespace, remove_address, write_address, write_spec,
 )
 from mdata.trainer.host_agent import HostAgent
 
@@ -34,6 +34,14 @@ def test_the_key_names_the_scheduler_and_the_user():
     assert a == agent_key("tcp://10.0.0.1:8786", "alice")
     assert a != agent_key("tcp://10.0.0.1:8787", "alice")
     assert a != agent_key("tcp://10.0.0.1:8786", "bob")
+
+
+def test_ranks_in_another_pid_namespace_get_another_agent():
+    # an agent watches its ranks by pid: a container sharing /tmp must not find this one
+    assert pid_namespace().startswith("pid:[")
+    mine = agent_key("tcp://10.0.0.1:8786", "alice")
+    assert mine == agent_key("tcp://10.0.0.1:8786", "alice", pid_namespace())
+    assert mine != agent_key("tcp://10.0.0.1:8786", "alice", "pid:[4026532999]")
 
 
 def test_an_address_file_is_read_only_while_private_and_its_agent_runs(tmp_path):
