@@ -30,6 +30,7 @@ import json
 import multiprocessing as mp
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -289,7 +290,12 @@ def _stage_aware_figures(meta, cost, quick: bool) -> dict[str, object]:
     return out
 
 
-def run(quick: bool) -> dict[str, object]:
+def run(quick: bool, figures_so_far: Mapping[str, object] | None = None) -> dict[str, object]:
+    """``figures_so_far``: the run's earlier figures; the control plane's, when it ran, say what
+    mdata's scheduler costs a simulated step (else a small sweep measures it here)."""
+    from benchmarks.e2e_control import from_figures, measure
+
+    control = from_figures(figures_so_far or {}) or measure(quick)
     sources = e2e_sources()
     meta = e2e_metadata(sources)
     cost = loader_cost_per_sample(sources, chunks=1 if quick else 3)
@@ -319,7 +325,7 @@ def run(quick: bool) -> dict[str, object]:
     CURVES_FILE.parent.mkdir(parents=True, exist_ok=True)
     CURVES_FILE.write_text(json.dumps(_CURVES))
 
-    figures.update(at_scale_figures(meta, cost, quick))
+    figures.update(at_scale_figures(meta, cost, quick, control))
     figures.update(_stage_aware_figures(meta, cost, quick))
     for name, c in cost.items():
         figures[f"e2e.loader_cpu_ms_per_sample.{name}"] = 1e3 * c

@@ -22,6 +22,7 @@ from dataclasses import replace
 import numpy as np
 
 from benchmarks.e2e_baselines import BASELINES
+from benchmarks.e2e_control import ControlCost
 from benchmarks.e2e_data import WEIGHTS
 from benchmarks.e2e_sim import PARTS, Setup, simulate
 from benchmarks.harness import figure
@@ -86,8 +87,9 @@ def _figures(key: str, setup: Setup, runs: list[dict], steps: int) -> dict[str, 
 
 
 def at_scale_figures(meta: Mapping[str, SourceMetadata], cost: Mapping[str, float],
-                     quick: bool) -> dict[str, object]:
-    """Every regime at 1,024 GPUs (full runs: also 4,096 and 8,192, and interleaved 1F1B)."""
+                     quick: bool, control: ControlCost | None = None) -> dict[str, object]:
+    """Every regime at 1,024 GPUs (full runs: also 4,096 and 8,192, and interleaved 1F1B);
+    ``control``: what mdata's scheduler costs a step (charged to mdata; None: not charged)."""
     steps, seeds = (2, (0, 1)) if quick else (4, (0, 1, 2))
     cases: list[tuple[str, Setup]] = []
     for name, setup in REGIMES.items():
@@ -98,5 +100,16 @@ def at_scale_figures(meta: Mapping[str, SourceMetadata], cost: Mapping[str, floa
         cases.append(("vlm_interleaved", replace(REGIMES["vlm"], gpus=HEADLINE_GPUS, virtual=2)))
     out: dict[str, object] = {}
     for key, setup in cases:
-        out.update(_figures(key, setup, regime_runs(setup, meta, cost, steps, seeds), steps))
+        setup = replace(setup, control=control)
+        runs = regime_runs(setup, meta, cost, steps, seeds)
+        out.update(_figures(key, setup, runs, steps))
+        if control is not None:
+            stall = float(np.mean([r["mdata"].get("control", 0.0) / r["mdata"]["steps"] for r in runs]))
+            step = float(np.mean([r["mdata"]["step"] / r["mdata"]["steps"] for r in runs]))
+            out[f"e2e.scheduler_s_per_step.{key}"] = figure(
+                control.seconds(setup.gpus, setup.dp), unit="s",
+                note=f"{setup.gpus} ranks, {setup.dp} DP groups; {control.describe()}")
+            out[f"e2e.scheduler_stall_s_per_step.{key}"] = figure(
+                stall, unit="s", goal="0 (the scheduler keeps up)",
+                note=f"what mdata's step waited for its scheduler, of {step:.2f} s per step")
     return out

@@ -17,7 +17,9 @@ same loader CPU budget per GPU (:class:`~benchmarks.e2e_model.Node`) and **the s
 
 A step lasts as long as the slowest DP rank's pipeline, plus the loaders' shortfall when they
 need longer than that for the step's share (loaders run ahead of compute; what they cannot hide
-is a data stall), plus the fixed part (gradient reduce-scatter and all-gather, optimizer).
+is a data stall), plus the fixed part (gradient reduce-scatter and all-gather, optimizer). mdata's
+step also lasts at least its scheduler's CPU per step at that world size (``Setup.control``,
+measured: :mod:`benchmarks.e2e_control`); what that adds counts as a data stall.
 Loader cost per sample is CPU seconds per source measured here on one core
 (:func:`~benchmarks.e2e_data.loader_cost_per_sample`). **The ideal** is the same work on the
 same pipeline with perfect balance and no stall: every micro-batch of every rank the mean of
@@ -33,6 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from benchmarks.e2e_baselines import BASELINES, baseline_steps
+from benchmarks.e2e_control import ControlCost
 from benchmarks.e2e_model import GPU, MODELS, VLM, Node, PipelineTimes, planner_cost, stage_seconds
 from benchmarks.e2e_pipeline import Fabric, fixed_seconds, layer_split, pipeline_makespan
 from mdata.mesh import ClientPlaceTree
@@ -73,6 +76,7 @@ class Setup:
     weights: Mapping[str, float] = field(default_factory=dict)
     seed: int = 0
     by_stage: bool = False  # the Planner's cost model as modules: it balances every stage
+    control: ControlCost | None = None  # mdata's scheduler per step (None: not charged)
 
     @property
     def dp(self) -> int:
@@ -165,6 +169,11 @@ def _system(setup: Setup, per_step, loader_cost: np.ndarray, layers, fixed: floa
             need = max(load) / (setup.tp * cores)
         makespan = max(spans)
         stall = max(0.0, need - makespan - fixed)  # loaders keep working through the all-reduce
+        if kind == "mdata" and setup.control is not None:  # the scheduler plans ahead, but a step
+            # cannot come faster than its CPU per step: what it needs beyond the step is a stall
+            control = max(0.0, setup.control.seconds(setup.gpus, setup.dp) - (makespan + stall + fixed))
+            total["control"] = total.get("control", 0.0) + control
+            stall += control
         for key, value in (("work", max(works)), ("mean_work", float(np.mean(works))),
                            ("bubble", makespan - max(works)), ("stall", stall), ("fixed", fixed),
                            ("step", makespan + stall + fixed)):

@@ -69,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
                 from benchmarks.workload import corpus_profile
 
                 kwargs["lengths"] = corpus_profile().lengths()
+            if "figures_so_far" in inspect.signature(module.run).parameters:
+                kwargs["figures_so_far"] = dict(figures)  # e.g. the control plane's, for e2e
             figures.update(module.run(quick=args.quick, **kwargs))
         except Exception as exc:  # one failing benchmark must not hide the others' figures
             traceback.print_exc()

@@ -50,7 +50,7 @@ def test_quick_run_reports_mixture_and_balance_figures(tmp_path: Path) -> None:
 def test_quick_run_reports_end_to_end_figures(tmp_path: Path) -> None:
     """``--only e2e --quick``: both systems ran in processes, the at-scale simulation reported,
     and the ratio's breakdown multiplies back to the ratio."""
-    proc, figures = quick_benchmarks(tmp_path, "e2e", timeout=180)
+    proc, figures = quick_benchmarks(tmp_path, "e2e", timeout=300)  # with its control sweep
     assert figures["_not_measured"] == {}
     for name in ("e2e.tokens_per_s", "e2e.tokens_per_s.baseline", "e2e.tokens_per_s.ratio"):
         assert isinstance(figures[name], float) and figures[name] > 0, name
@@ -66,6 +66,9 @@ def test_quick_run_reports_end_to_end_figures(tmp_path: Path) -> None:
             assert figures[f"e2e.micro_batches.{baseline}.{regime}"] == \
                 figures[f"e2e.micro_batches.mdata.{regime}"]
         assert figures[f"e2e.vs_ideal.{regime}"] > 0
+        # mdata pays its scheduler (measured here: the control benchmark did not run before)
+        assert figures[f"e2e.scheduler_s_per_step.{regime}"] > 0
+        assert figures[f"e2e.scheduler_stall_s_per_step.{regime}"] >= 0
     # Work and bubbles are never negative; each system trained something.
     for side in ("mdata", "baseline"):
         assert figures[f"e2e.seconds.work.{side}"] > 0

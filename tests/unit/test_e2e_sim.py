@@ -100,3 +100,48 @@ def test_balancing_by_stage_in_the_simulation_is_not_slower_than_one_scalar_cost
     by_stage = simulate(replace(setup, by_stage=True), _meta(), costs, steps=2)["mdata"]
     assert by_stage["tokens"] == pytest.approx(scalar["tokens"])
     assert by_stage["step"] <= scalar["step"] * (1 + 1e-9)
+
+
+def test_mdata_waits_for_its_scheduler_when_it_needs_longer_than_the_step() -> None:
+    from benchmarks.e2e_control import ControlCost
+
+    meta, cost = _meta(), {"text": 1e-4, "images": 1e-3}
+    free = simulate(_setup(), meta, cost, steps=2)
+    cheap = simulate(_setup(control=ControlCost(1.0, 10.0, 100.0, "test")), meta, cost, steps=2)
+    assert cheap["mdata"]["step"] == pytest.approx(free["mdata"]["step"])  # hidden behind the step
+    assert cheap["mdata"].get("control", 0.0) == 0.0
+    per_step = free["mdata"]["step"] / free["mdata"]["steps"]
+    slow = ControlCost(2e3 * per_step, 0.0, 0.0, "test")  # twice the step, on its own
+    late = simulate(_setup(control=slow), meta, cost, steps=2)
+    assert late["mdata"]["step"] == pytest.approx(2 * per_step * late["mdata"]["steps"])
+    assert late["mdata"]["control"] == pytest.approx(late["mdata"]["step"] - free["mdata"]["step"])
+    for name in BASELINES:  # the baselines have no scheduler: their steps do not move
+        assert late[name]["step"] == pytest.approx(free[name]["step"])
+        assert late["ratio"][name]["ratio"] < free["ratio"][name]["ratio"]
+
+
+def test_the_control_cost_is_fitted_from_a_runs_control_figures() -> None:
+    from benchmarks.e2e_control import ControlCost, from_figures
+
+    assert from_figures({}) is None  # the control benchmark did not run
+    figures = {"control.scheduler_cpu_us_per_rank_step": {"mdata": 400.0},
+               "control.scheduler_cpu_us_per_group_step": {"mdata": 2500.0},
+               "control.scheduler_cpu_ms_per_step_16": {"mdata": 60.0},
+               "control.scheduler_cpu_ms_per_step_64": {"mdata": 80.0},
+               "control.scheduler_cpu_ms_per_step_16_poll": {"mdata": 1.0}}
+    fit = from_figures(figures)
+    assert fit == ControlCost(60.0 - (400 * 16 + 2500 * 16) / 1e3, 400.0, 2500.0,
+                              "this run's control-plane figures")
+    assert fit.seconds(16384, 2048) == pytest.approx(13.6e-3 + 16384 * 400e-6 + 2048 * 2500e-6)
+
+
+def test_a_slope_lost_in_noise_is_charged_as_an_upper_bound() -> None:
+    from benchmarks.e2e_control import from_figures
+
+    figures = {"control.scheduler_cpu_us_per_rank_step": {"mdata": -50.0},
+               "control.scheduler_cpu_us_per_group_step": {"mdata": -10.0},
+               "control.scheduler_cpu_ms_per_step_8": {"mdata": 40.0},
+               "control.scheduler_cpu_ms_per_step_24": {"mdata": 36.0}}
+    fit = from_figures(figures)  # the whole of the 24-rank world's CPU, per rank: 1.5 ms each
+    assert (fit.fixed_ms, fit.per_rank_us, fit.per_group_us) == (0.0, 1500.0, 0.0)
+    assert fit.seconds(1024, 128) == pytest.approx(1024 * 1.5e-3)
