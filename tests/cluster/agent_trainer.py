@@ -34,11 +34,20 @@ class Inbox:
     def __init__(self, ctx) -> None:
         self.ctx = ctx
         self._readers: dict = {}
+        self._writers: list = []
 
     def writer(self, key):
         reader, writer = self.ctx.Pipe(duplex=False)
         self._readers[key] = reader
+        self._writers.append(writer)
         return writer
+
+    def started(self) -> None:
+        """The processes given writers have started: close this process' copies, so a pipe
+        whose process ended reads as ended (EOF) instead of staying open."""
+        for writer in self._writers:
+            writer.close()
+        self._writers.clear()
 
     def drop(self, key) -> None:
         reader = self._readers.pop(key, None)

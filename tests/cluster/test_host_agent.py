@@ -67,6 +67,7 @@ def run_ranks(client, address: str, job: str, *, agent: bool, step_s: float = 0.
              for r in range(RANKS)]
     for p in procs:
         p.start()
+    inbox.started()
     results, errors, last = {}, [], {}
     try:
         while len(results) + len(errors) < RANKS:
@@ -177,6 +178,7 @@ def test_the_agent_exits_when_its_ranks_are_killed(mdata_cluster, client, exampl
                                                inbox.writer(r), True, 1.0)) for r in range(2)]
     for p in procs:
         p.start()
+    inbox.started()
     kind, *_ = inbox.get(timeout=180)  # a rank took a step: the agent serves it
     assert kind == "step"
     found = read_address(agent_paths(address)[1])
@@ -217,6 +219,7 @@ def test_a_killed_rank_restarted_takes_its_rank_back_from_the_agent(mdata_cluste
                                                  inbox.writer(rank if key is None else key),
                                                  True, 0.2, True))
         proc.start()
+        inbox.started()
         return proc
 
     procs = {r: start(r) for r in range(RANKS)}
