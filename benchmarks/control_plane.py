@@ -453,6 +453,7 @@ def run(quick: bool) -> dict:
             else float("nan"),
             goal="> 1", note=f"scheduler CPU per step at N={top['n']}, long polls: ranks asking alone / per host"),
     }
+    figures["control.fixed_dp"] = dp  # the DP size of the fixed-DP sweep (e2e fits its costs)
     for p in points:
         figures[f"control.scheduler_cpu_ms_per_step_{p['n']}"] = figure(p["cpu_ms_per_step"], unit="ms",
                                                                        note=f"DP {dp}")

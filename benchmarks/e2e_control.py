@@ -65,7 +65,8 @@ def from_figures(figures: Mapping[str, Any]) -> ControlCost | None:
         return ControlCost(0.0, 1e3 * (_value(figures, top_key) or 0.0) / top, max(0.0, per_group),
                            "this run's control-plane figures; no per-rank slope showed, so all "
                            "of the largest world's CPU is charged per rank")
-    fixed = max(0.0, base - (per_rank * n + max(0.0, per_group) * min(n, 16)) / 1e3)
+    dp = int(_value(figures, "control.fixed_dp") or 16)  # the sweep's DP size (quick runs: 8)
+    fixed = max(0.0, base - (per_rank * n + max(0.0, per_group) * min(n, dp)) / 1e3)
     return ControlCost(fixed, per_rank, per_group, "this run's control-plane figures")
 
 
