@@ -56,12 +56,13 @@ class AgentHub:
                 self._direct = hub_for(self.client, self.job)  # the agent is lost: a real hub
         return self._direct
 
-    def locate(self, step: int, poll: float, ask: LocationAsk) -> BatchLocationReply:
+    def locate(self, step: int, poll: float, ask: LocationAsk,
+               stop: threading.Event | None = None) -> BatchLocationReply:
         """:meth:`LocationHub.locate`, gathered with the host's other ranks by the agent."""
         try:
             raw = self._call("agent_locate", step=int(step), poll=float(poll), ask=ask.to_msg())
         except AgentLost:
-            return self.direct().locate(step, poll, ask)
+            return self.direct().locate(step, poll, ask, stop)
         return BatchLocationReply.from_msg(raw)
 
     def pushed(self, step: int, rank: int, generation: int, wait_s: float,

@@ -317,13 +317,15 @@ class Loader:
                 if location is not None:
                     self.locate_seconds.append(waited)
                     return location
+                if self._stop.is_set():  # the wait for the push ended because of close()
+                    raise TrainerError("loader closed")
             # with push, consumption is told alone (with the waits for the pushes)
             consumed = self._teller.take() if self._teller is not None and not push else ()
             try:
                 reply = self._hub.locate(step, poll, LocationAsk(
                     rank=self.rank, token=self._token, generation=self._generation,
                     delivered=delivered, consumed=consumed, stalled_s=self.wait_seconds,
-                    waits=self.step_waits.of(consumed)))
+                    waits=self.step_waits.of(consumed)), self._stop)
             except BaseException:
                 self._teller is None or self._teller.sent(consumed, ok=False)
                 raise

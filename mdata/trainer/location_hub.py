@@ -31,6 +31,7 @@ import threading
 import time
 from typing import Any
 
+from mdata.errors import TrainerError
 from mdata.trainer.pushed_locations import PushedLocations, current_stream, push_handler
 from mdata.trainer.stream_tells import TellStream, confirm_handler
 from mdata.wire.delivery import BatchLocation, BatchLocationReply
@@ -39,7 +40,14 @@ from mdata.wire.location_push import PUSH_OP
 from mdata.wire.stream_tells import CONFIRM_OP
 from mdata.wire.messages import Status, ask_sync
 
-__all__ = ["LocationHub", "hub_for"]
+__all__ = ["LoaderClosed", "LocationHub", "hub_for"]
+
+#: How often a rank waiting for its round's answer looks at its Loader's stop event.
+STOP_CHECK_S = 0.05
+
+
+class LoaderClosed(TrainerError):
+    """The rank's Loader was closed while it waited for a location: nobody wants the answer."""
 
 _hubs: dict[tuple[int, str], "LocationHub"] = {}
 _hubs_lock = threading.Lock()
@@ -55,8 +63,15 @@ class _Round:
         self.error: BaseException | None = None
         self.done = threading.Event()
 
-    def answer(self, index: int) -> Any:
-        self.done.wait()
+    def answer(self, index: int, stop: threading.Event | None = None) -> Any:
+        """Answer ``index`` once the request returned; with ``stop``, a :class:`LoaderClosed`
+        as soon as it is set (the request goes on for the round's other ranks)."""
+        if stop is None:
+            self.done.wait()
+        else:
+            while not self.done.wait(STOP_CHECK_S):
+                if stop.is_set():
+                    raise LoaderClosed("loader closed")
         if self.error is not None:
             raise self.error
         assert self.answers is not None
@@ -89,9 +104,13 @@ class LocationHub:
             self.members -= 1
             self._cond.notify_all()  # a leader waiting for this member stops waiting
 
-    def locate(self, step: int, poll: float, ask: LocationAsk) -> BatchLocationReply:
+    def locate(self, step: int, poll: float, ask: LocationAsk,
+               stop: threading.Event | None = None) -> BatchLocationReply:
         """The answer to ``ask`` for ``step``, asked with this process' other ranks; ``poll``:
-        the longest this rank may long-poll."""
+        the longest this rank may long-poll. With ``stop`` (the Loader's), the long poll runs in
+        a thread of its own and the rank stops waiting for it with :class:`LoaderClosed` when
+        ``stop`` is set, so closing a Loader never waits out a long poll; the request still
+        answers the round's other ranks."""
         def send(asks: tuple, polls: list[float]) -> tuple:
             pushes, stream = self.pushes, current_stream(self.client)
             if pushes is not None:
@@ -106,7 +125,7 @@ class LocationHub:
                 self.streamed.accepted = True
             return reply.answers
 
-        return self._together(step, ask, float(poll), send)
+        return self._together(step, ask, float(poll), send, stop)
 
     def pushed(self, step: int, rank: int, generation: int, wait_s: float,
                stop: threading.Event | None = None) -> tuple[BatchLocation | None, float]:
@@ -131,9 +150,13 @@ class LocationHub:
         if error is not None:
             raise error
 
-    def _together(self, key: Any, item: Any, poll: float, send) -> Any:
+    def _together(self, key: Any, item: Any, poll: float, send,
+                  stop: threading.Event | None = None) -> Any:
         """Put ``item`` in the open round of ``key`` (opening it, and then leading it, when there
-        is none); the leader gathers for a moment, sends the round, and each gets its answer."""
+        is none); the leader gathers for a moment, sends the round, and each gets its answer
+        (with ``stop``: sent from a thread of its own, waited for until ``stop`` is set)."""
+        if stop is not None and stop.is_set():
+            raise LoaderClosed("loader closed")
         with self._cond:
             round_ = self._open.get(key)
             leader = round_ is None
@@ -155,17 +178,26 @@ class LocationHub:
                     self.requests += 1
                     self.asks += len(round_.asks)
         if leader:
-            try:
-                answers = send(tuple(round_.asks), round_.polls)
-                if len(answers) != len(round_.asks):
-                    raise RuntimeError(f"the scheduler answered {len(answers)} of "
-                                       f"{len(round_.asks)} asks of one request")
-                round_.answers = tuple(answers)
-            except BaseException as exc:  # every rank of the round hears it, in its own thread
-                round_.error = exc
-            finally:
-                round_.done.set()
-        return round_.answer(index)
+            if stop is None:
+                _send_round(round_, send)
+            else:
+                threading.Thread(target=_send_round, args=(round_, send), daemon=True,
+                                 name=f"mdata-locate-{self.job}-{key}").start()
+        return round_.answer(index, stop)
+
+
+def _send_round(round_: _Round, send) -> None:
+    """Send ``round_``'s request and file its answers (or its error) for the round's ranks."""
+    try:
+        answers = send(tuple(round_.asks), round_.polls)
+        if len(answers) != len(round_.asks):
+            raise RuntimeError(f"the scheduler answered {len(answers)} of "
+                               f"{len(round_.asks)} asks of one request")
+        round_.answers = tuple(answers)
+    except BaseException as exc:  # every rank of the round hears it, in its own thread
+        round_.error = exc
+    finally:
+        round_.done.set()
 
 
 def hub_for(client: Any, job: str) -> LocationHub:

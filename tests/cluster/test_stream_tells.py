@@ -173,6 +173,42 @@ def test_a_tell_with_a_bad_lease_reaches_the_training_loop_typed(client, example
     JobHandle(client, job).close()
 
 
+@pytest.mark.parametrize("push", [True, False], ids=["push", "long-poll"])
+def test_closing_a_loader_waiting_for_a_batch_returns_at_once_and_tells_its_consumption(
+        client, example_sources_small, push):
+    """Rank 3 never consumes step 0, so the window (3 steps) holds every other rank's prefetcher
+    in a wait for a step the Planner will not plan yet: the wait for a push, then a long poll
+    of up to ``poll-interval`` (30 s here). Closing rank 0 then must not wait that out, and the
+    step 0 it consumed still reaches the Planner."""
+    job = f"closing-{'push' if push else 'poll'}"
+    with dask.config.set({"mdata.trainer.location-push": push, "mdata.trainer.poll-interval": "30s"}):
+        submit_job(client, plan_of(example_sources_small), job=job)
+        loaders = [Loader(client, job=job, rank=r, world_size=RANKS, steps=STEPS, timeout=60)
+                   for r in range(RANKS)]
+        try:
+            its = [iter(loader) for loader in loaders]
+            for r, it in enumerate(its):
+                next(it)  # step 0
+                if r < RANKS - 1:
+                    next(it)  # step 1: step 0 is consumed by ranks 0-2, never by rank 3
+            deadline = time.monotonic() + 30
+            while loaders[0]._queue.qsize() < 1:  # step 2 fetched: now it waits for step 3
+                assert time.monotonic() < deadline, loaders[0]._queue.qsize()
+                time.sleep(0.05)
+            time.sleep(0.5)  # into the wait (a wait cut short by close() is what this test is about)
+            assert loaders[0]._thread.is_alive()
+            began = time.monotonic()
+            loaders[0].close()
+            closed_in = time.monotonic() - began
+            assert not loaders[0]._thread.is_alive()
+            assert closed_in < 3.0, closed_in
+            assert counters(client, job)["steps_consumed"].get(0, 0) >= 1
+        finally:
+            for loader in loaders:
+                loader.close()
+    JobHandle(client, job).close()
+
+
 def test_a_tell_waiting_when_the_clients_stream_drops_is_resent_on_the_new_one(
         mdata_cluster, example_sources_small):
     """Rank 0's client drops the confirmation of the step-0 tells (the hub's test hook), so a
