@@ -1,7 +1,8 @@
 """What the control plane costs the scheduler per training step, as the number of ranks grows.
 
-The real scheduler with the Planner (``mdata cluster up`` in a process of its own, so its CPU can
-be read from /proc), real loader and constructor workers, and N trainer ranks running the real
+The real scheduler with the Planner alone in its process, deployed with the dask CLI as at scale
+(:mod:`benchmarks.control_cluster`: its CPU is read from /proc, and no worker's nanny shares it),
+real loader and constructor workers in processes of their own, and N trainer ranks running the real
 :class:`mdata.trainer.Loader` protocol as threads that share one Dask client per simulated host
 (:mod:`benchmarks.control_hosts`). No training compute: ranks go as fast as the data path allows.
 
@@ -60,15 +61,12 @@ import math
 import multiprocessing as mp
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 import time
 from pathlib import Path
 
+from benchmarks.control_cluster import cluster as _cluster
 from benchmarks.harness import figure
 
 __all__ = ["run", "sweep_point"]
@@ -111,48 +109,6 @@ class _CpuSampler(threading.Thread):
         after = [s for s in self.samples if s[0] >= t] or self.samples[-1:]
         (t0, c0), (t1, c1) = before[-1], after[0]
         return c0 if t1 == t0 else c0 + (c1 - c0) * (t - t0) / (t1 - t0)
-
-
-def _start_cluster(corpus: Path, constructors: int, log: Path) -> tuple[subprocess.Popen, str]:
-    """``mdata cluster up`` for the corpus in its own process (the scheduler and Planner live in
-    it; workers are its children), with the autoscaler off so no driver work shares the process.
-    Its stderr goes to ``log``, quoted when the cluster fails."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "DASK_MDATA__CLUSTER__AUTOSCALE": "false",
-           "DASK_LOGGING__DISTRIBUTED": "error", "DASK_DISTRIBUTED__ADMIN__TICK__LIMIT": "1h"}
-    proc = subprocess.Popen(
-        [str(Path(sys.executable).with_name("mdata")), "cluster", "up", "--data", str(corpus),
-         "--port", "0", "--dashboard-address", "127.0.0.1:0", "--constructors", str(constructors)],
-        stdout=subprocess.PIPE, stderr=log.open("w"), text=True, env=env, start_new_session=True,
-    )
-    address = None
-    for line in proc.stdout:
-        if line.startswith("scheduler: "):
-            address = line.split(": ", 1)[1].strip()
-        if line.startswith("press Ctrl-C"):
-            break
-    if address is None:
-        proc.kill()
-        raise RuntimeError(f"mdata cluster up exited with {proc.wait()} before printing its address: "
-                           + log.read_text()[-2000:])
-    return proc, address
-
-
-@contextmanager
-def _cluster(corpus: Path, constructors: int) -> Iterator[tuple[subprocess.Popen, str]]:
-    """:func:`_start_cluster` for the length of a ``with``: a failure inside quotes the end of the
-    cluster's log, and the cluster is stopped however the block ends."""
-    log = Path(tempfile.mkdtemp(prefix="mdata-control-")) / "cluster.log"
-    proc, address = _start_cluster(corpus, constructors=constructors, log=log)
-    try:
-        yield proc, address
-    except Exception as exc:
-        raise RuntimeError(f"{exc}; the cluster's log ends: {log.read_text()[-1500:]}") from exc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def _install_loop_probe(dask_scheduler=None) -> None:

@@ -1,0 +1,144 @@
+"""The cluster the control-plane benchmark measures: the scheduler alone in its process.
+
+At scale the scheduler runs on a host of its own (``dask scheduler --preload
+scheduler_plugins.planner``, docs/deploying.md) and every worker, with its nanny, elsewhere. The
+benchmark deploys it the same way, with the dask CLI on this machine: one process for the scheduler
+and the Planner, and a ``dask worker`` process (each with its nanny in a parent process) per loader
+pool worker and per constructor. The scheduler process' CPU, read from /proc, is then the
+scheduler's and the Planner's alone.
+
+An embedded cluster (``mdata cluster up``) would keep every worker's nanny in the scheduler's
+process: their memory monitors (psutil, ten times a second each) and system monitors run on
+wall-clock timers, so they add CPU in proportion to how long a step lasts. On a machine where a
+thousand trainer threads share two cores, steps last longer as ranks grow, and that time-driven
+CPU read as a cost per rank that the scheduler does not have.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+__all__ = ["cluster", "start_cluster"]
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+START_TIMEOUT_S = 120.0
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO), "DASK_LOGGING__DISTRIBUTED": "error",
+            "DASK_DISTRIBUTED__ADMIN__TICK__LIMIT": "1h"}
+
+
+def _scheduler_address(proc: subprocess.Popen, log: Path) -> str:
+    """The address the scheduler prints on stderr (tee'd to ``log``)."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    seen: list[str] = []
+    with log.open("w") as out:
+        while time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            if not line:
+                if proc.poll() is not None:
+                    break
+                continue
+            out.write(line)
+            seen.append(line)
+            found = re.search(r"Scheduler at:\s+(\S+)", line)
+            if found:
+                return found.group(1)
+    proc.kill()
+    raise RuntimeError("dask scheduler did not print its address: " + "".join(seen)[-2000:])
+
+
+def _drain(proc: subprocess.Popen, log: Path) -> None:
+    """Keep reading the scheduler's stderr into ``log`` so a full pipe never blocks it."""
+    import threading
+
+    def run() -> None:
+        with log.open("a") as out:
+            for line in proc.stderr:
+                out.write(line)
+    threading.Thread(target=run, daemon=True).start()
+
+
+def _worker_lines(corpus: Path, constructors: int) -> list[list[str]]:
+    """``dask worker`` arguments: the corpus' default loader pools (as ``mdata cluster up``
+    lays them out) and ``constructors`` constructors."""
+    from mdata.data.example import example_sources
+    from mdata.driver.cluster import default_pools
+
+    lines = []
+    for pool in default_pools(example_sources(corpus)):
+        resources = " ".join(f"{k}={v}" for k, v in pool.resources.items())
+        for i in range(max(1, pool.workers)):
+            lines.append(["--nthreads", str(pool.threads), "--resources", resources,
+                          "--name", f"{pool.name}-{i}"])
+    for i in range(constructors):
+        lines.append(["--nthreads", "1", "--resources", "mdata_constructor=1",
+                      "--name", f"constructor-{i}"])
+    return lines
+
+
+def start_cluster(corpus: Path, constructors: int, log: Path) -> tuple[subprocess.Popen, str, list]:
+    """The scheduler (with the Planner) and the workers, each in processes of their own. Returns
+    the scheduler's process, its address and every worker process."""
+    from distributed import Client
+
+    env = _env()
+    # the scheduler's address is an info line; its log goes to a file, not the benchmark's output
+    scheduler = subprocess.Popen(
+        [str(BIN / "dask"), "scheduler", "--host", "127.0.0.1", "--port", "0",
+         "--dashboard-address", "127.0.0.1:0", "--preload", "scheduler_plugins.planner"],
+        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, start_new_session=True,
+        env={**env, "DASK_LOGGING__DISTRIBUTED": "info"})
+    workers: list[subprocess.Popen] = []
+    try:
+        address = _scheduler_address(scheduler, log)
+        _drain(scheduler, log)
+        workers += [subprocess.Popen(
+            [str(BIN / "dask"), "worker", address, "--host", "127.0.0.1", "--no-dashboard",
+             "--memory-limit", "4GiB", *line],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+            for line in _worker_lines(corpus, constructors)]
+        with Client(address, set_as_default=False, timeout=60) as client:
+            client.wait_for_workers(len(workers), timeout=START_TIMEOUT_S)
+    except BaseException:
+        _stop([*workers, scheduler])
+        raise
+    return scheduler, address, workers
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextmanager
+def cluster(corpus: Path, constructors: int) -> Iterator[tuple[subprocess.Popen, str]]:
+    """:func:`start_cluster` for the length of a ``with``, yielding the scheduler's process and
+    address: a failure inside quotes the end of the scheduler's log, and every process is stopped
+    however the block ends (workers first, so none reconnects to a scheduler going away)."""
+    log = Path(tempfile.mkdtemp(prefix="mdata-control-")) / "scheduler.log"
+    scheduler, address, workers = start_cluster(corpus, constructors, log)
+    try:
+        yield scheduler, address
+    except Exception as exc:
+        raise RuntimeError(f"{exc}; the scheduler's log ends: {log.read_text()[-1500:]}") from exc
+    finally:
+        _stop(workers)
+        _stop([scheduler])
