@@ -125,6 +125,7 @@ def test_trainer_kill_and_live_resume(chaos_cluster, local_sources, reference_ru
     close_job(chaos_cluster.client(), group.job, plan)
 
 
+@pytest.mark.slow  # one fault of test_chaos_all_faults_in_one_run, which runs by default
 def test_storage_outage_is_waited_out(chaos_cluster, s3_sources, s3_corpus, reference_run, tmp_path):
     """The S3 server holding the shards crashes (kill -9) mid-run and stays down until the
     trainers starve, then OUTAGE_S more, and comes back with its data: loads fail meanwhile and
