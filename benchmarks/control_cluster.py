@@ -21,12 +21,13 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["cluster", "start_cluster"]
+__all__ = ["cluster", "start_cluster", "wait_for_line"]
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -38,11 +39,14 @@ def _env() -> dict[str, str]:
             "DASK_DISTRIBUTED__ADMIN__TICK__LIMIT": "1h"}
 
 
-def _scheduler_address(proc: subprocess.Popen, log: Path) -> str:
-    """The address the scheduler prints on stderr (tee'd to ``log``)."""
-    deadline = time.monotonic() + START_TIMEOUT_S
+def wait_for_line(proc: subprocess.Popen, pattern: str, timeout: float = START_TIMEOUT_S,
+                  log: Path | None = None) -> str:
+    """The first group of the first line of ``proc``'s stderr that matches ``pattern`` (how the
+    dask CLI tells its address); every line read is copied to ``log`` when given. A process that
+    ends or stays silent past ``timeout`` is a RuntimeError quoting what it printed."""
+    deadline = time.monotonic() + timeout
     seen: list[str] = []
-    with log.open("w") as out:
+    with (log.open("w") if log is not None else open(os.devnull, "w")) as out:
         while time.monotonic() < deadline:
             line = proc.stderr.readline()
             if not line:
@@ -51,17 +55,14 @@ def _scheduler_address(proc: subprocess.Popen, log: Path) -> str:
                 continue
             out.write(line)
             seen.append(line)
-            found = re.search(r"Scheduler at:\s+(\S+)", line)
+            found = re.search(pattern, line)
             if found:
                 return found.group(1)
-    proc.kill()
-    raise RuntimeError("dask scheduler did not print its address: " + "".join(seen)[-2000:])
+    raise RuntimeError(f"no line matching {pattern!r}; output:\n{''.join(seen)[-3000:]}")
 
 
 def _drain(proc: subprocess.Popen, log: Path) -> None:
     """Keep reading the scheduler's stderr into ``log`` so a full pipe never blocks it."""
-    import threading
-
     def run() -> None:
         with log.open("a") as out:
             for line in proc.stderr:
@@ -101,7 +102,7 @@ def start_cluster(corpus: Path, constructors: int, log: Path) -> tuple[subproces
         env={**env, "DASK_LOGGING__DISTRIBUTED": "info"})
     workers: list[subprocess.Popen] = []
     try:
-        address = _scheduler_address(scheduler, log)
+        address = wait_for_line(scheduler, r"Scheduler at:\s+(\S+)", log=log)
         _drain(scheduler, log)
         workers += [subprocess.Popen(
             [str(BIN / "dask"), "worker", address, "--host", "127.0.0.1", "--no-dashboard",

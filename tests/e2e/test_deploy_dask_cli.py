@@ -5,14 +5,13 @@ certificates made here."""
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from benchmarks.control_cluster import wait_for_line
 from mdata.driver import submit_job
 from mdata.driver.tls import make_certificates
 from mdata.trainer import Loader
@@ -23,22 +22,6 @@ from mdata.plan import Plan
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
 DASK = str(Path(sys.executable).with_name("dask"))
-
-
-def _wait_for_line(proc: subprocess.Popen, pattern: str, timeout: float = 60.0) -> str:
-    deadline = time.monotonic() + timeout
-    seen = []
-    while time.monotonic() < deadline:
-        line = proc.stderr.readline()
-        if not line:
-            if proc.poll() is not None:
-                break
-            continue
-        seen.append(line)
-        match = re.search(pattern, line)
-        if match:
-            return match.group(1)
-    raise AssertionError(f"no line matching {pattern!r}; output:\n{''.join(seen)[-3000:]}")
 
 
 @pytest.mark.parametrize("protocol", [pytest.param("tcp", marks=pytest.mark.slow), "tls"])  # tls runs the same lines
@@ -64,7 +47,7 @@ def test_dask_cli_cluster_serves_trainers(protocol, example_corpus, tmp_path):
              "--dashboard-address", "127.0.0.1:0", "--preload", "scheduler_plugins.planner", *tls_args],
             stderr=subprocess.PIPE, text=True, env=env)
         procs.append(scheduler)
-        address = _wait_for_line(scheduler, r"Scheduler at:\s+(\S+)")
+        address = wait_for_line(scheduler, r"Scheduler at:\s+(\S+)")
         assert address.startswith(f"{protocol}://127.0.0.1:")
         worker_args = [
             ["--resources", "pool_chat=1 pool_code=1", "--name", "loader-text"],
