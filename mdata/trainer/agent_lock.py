@@ -9,7 +9,8 @@ belongs to someone else or others may enter it), both named by a hash of the thr
 
 - ``<key>.lock``: an exclusive ``flock`` held while a rank looks for the agent, starts one when
   none answers, and says hello to it; the agent holds it too while it decides to exit, so a rank
-  never connects to an agent that is on its way out, and only one agent starts per key.
+  never connects to an agent that is on its way out, and only one agent starts per key. An agent
+  that leaves removes it (the next rank makes it again), so idle hosts keep no files behind.
 - ``<key>.json`` (mode 0600): the agent's address (``tcp://127.0.0.1:port``), its pid and a random
   token every request must carry, so another user of the host who finds the port cannot use it.
 
@@ -33,7 +34,8 @@ from typing import Iterator
 from mdata.errors import TrainerError
 
 __all__ = ["AgentLost", "AgentAddress", "agent_dir", "agent_key", "agent_paths", "held_lock",
-           "pid_namespace", "read_address", "write_address", "remove_address", "pid_alive", "write_spec"]
+           "pid_namespace", "read_address", "write_address", "remove_address", "remove_lock", "pid_alive",
+           "write_spec"]
 
 
 class AgentLost(Exception):
@@ -94,13 +96,35 @@ def agent_paths(scheduler: str, base: str | None = None) -> tuple[Path, Path]:
 
 @contextlib.contextmanager
 def held_lock(path: Path) -> Iterator[None]:
-    """Hold the exclusive lock ``path`` (created 0600) for the ``with`` block."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    """Hold the exclusive lock ``path`` (created 0600) for the ``with`` block.
+
+    The holder may remove the file (:func:`remove_lock`, an agent leaving), so a lock taken on a
+    file that is no longer the one at ``path`` is dropped and taken again on the current one:
+    otherwise a rank that opened the file before its removal would hold a lock nobody else sees."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                current = os.stat(path).st_ino
+            except FileNotFoundError:
+                current = None
+        except BaseException:
+            os.close(fd)
+            raise
+        if current == os.fstat(fd).st_ino:
+            break
+        os.close(fd)  # removed (or replaced) while this process waited: lock the current file
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
         os.close(fd)  # closing releases the lock
+
+
+def remove_lock(path: Path) -> None:
+    """Remove the lock file ``path``; call it holding the lock (see :func:`held_lock`)."""
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
 
 
 def pid_alive(pid: int) -> bool:

@@ -42,7 +42,7 @@ from typing import Any, Callable
 
 from mdata.errors import MdataError, TrainerError
 from mdata.trainer.agent_lock import (
-    AgentAddress, held_lock, pid_alive, remove_address, write_address,
+    AgentAddress, held_lock, pid_alive, remove_address, remove_lock, write_address,
 )
 from mdata.wire.codec import SCHEDULER_HANDLERS, Handler
 from mdata.wire.errors import error_to_msg
@@ -304,6 +304,7 @@ async def _leave_if_idle(agent: HostAgent, started: float, lock: Path, address_f
                 log = address_file.with_suffix(".log")
                 if log.exists() and log.stat().st_size == 0:  # nothing went wrong: no trace
                     log.unlink(missing_ok=True)
+                remove_lock(lock)  # the next rank to come makes it again
                 return True
             return False
 
