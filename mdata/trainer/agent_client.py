@@ -42,6 +42,12 @@ __all__ = ["AgentClient", "AgentLost", "connect_agent"]
 logger = logging.getLogger("mdata.trainer")
 
 HELLO_S = 10.0  # longest a hello to a listed agent may take before another agent is started
+#: How long connecting to the agent may take before it counts as gone. The agent is on this host,
+#: on loopback: a live one completes the handshake within milliseconds, while Dask retries a
+#: refused connection (a killed agent's closed port) until its own connect timeout, 30 s by
+#: default; every rank that needed a new connection to a killed agent stalled that long. A live
+#: agent that misses this bound only costs the rank its share of the host's client.
+AGENT_CONNECT_S = 2.0
 
 
 def agent_error(error: dict[str, Any]) -> BaseException:
@@ -88,7 +94,7 @@ class AgentClient:
         self._runner.start()
         self.loop = self._runner.loop
         self.rpc = ConnectionPool(connection_args=self.security.get_connection_args("client"))
-        self._to_agent = ConnectionPool(limit=64)
+        self._to_agent = ConnectionPool(limit=64, timeout=AGENT_CONNECT_S)
         self.sync(self.rpc.start)
         self.sync(self._to_agent.start)
         self.scheduler = _Scheduler(self)

@@ -15,7 +15,7 @@ import pytest
 from mdata.errors import TrainerError
 from mdata.trainer.agent_lock import (
     AgentAddress, agent_dir, agent_key, agent_paths, held_lock, pid_alive, read_address,
-    pid_namespace, remove_address, write_address, write_spec,
+    pid_namespace, remove_address, remove_lock, write_address, write_spec,
 )
 from mdata.trainer.host_agent import HostAgent
 
@@ -88,6 +88,49 @@ def test_the_lock_is_exclusive(tmp_path):
         os.close(fd)
 
 
+def test_a_lock_removed_by_its_holder_is_taken_again_on_the_file_that_replaces_it(tmp_path,
+                                                                                  monkeypatch):
+    # An agent leaving removes its lock file while holding it. A rank that had opened the old
+    # file and was waiting must end up locking the file now at the path, or a third process
+    # (which opens the new file) would hold "the" lock at the same time.
+    import threading
+
+    lock, _ = agent_paths("tcp://127.0.0.1:4", str(tmp_path))
+    real_flock, waiting = fcntl.flock, threading.Event()
+
+    def flock(fd, op):
+        if threading.current_thread().name == "waiter":
+            waiting.set()  # it has opened the file it is about to wait on
+        return real_flock(fd, op)
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+    holding, release, seen = threading.Event(), threading.Event(), []
+
+    def waiter():
+        with held_lock(lock):
+            seen.append(lock.exists())
+            holding.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=waiter, name="waiter")
+    with held_lock(lock):
+        thread.start()
+        assert waiting.wait(10)
+        remove_lock(lock)  # as an agent that leaves does
+    assert holding.wait(10)
+    assert seen == [True]
+    fd = os.open(lock, os.O_RDWR)
+    try:
+        with pytest.raises(BlockingIOError):
+            real_flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        os.close(fd)
+        release.set()
+        thread.join(10)
+    remove_lock(lock)
+    assert not lock.exists()
+
+
 def test_a_zombie_is_not_alive():
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     for _ in range(500):  # it exits and is not reaped yet: a zombie, still in the process table
@@ -120,3 +163,24 @@ def test_the_agent_answers_nothing_without_its_token_and_forwards_only_mdata_han
                                                        handler="mdata_status", msg={}))["error"]["other"]
     other = asyncio.run(ask("agent_forward", token="s" * 64, handler="retire_workers", msg={}))
     assert "not an mdata scheduler handler" in other["error"]["mdata"]["message"]
+
+
+def test_a_killed_agents_closed_port_is_given_up_in_seconds_not_after_dasks_connect_timeout():
+    # A rank that needs a new connection to an agent killed meanwhile meets a refused port, which
+    # Dask retries until its connect timeout (30 s by default): the rank must go on alone sooner.
+    import socket
+
+    from mdata.trainer.agent_client import AGENT_CONNECT_S, AgentClient, AgentLost
+
+    with socket.socket() as sock:  # a port nobody listens on any more
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    client = AgentClient("tcp://127.0.0.1:1", timeout=5)
+    try:
+        client.agent = AgentAddress(f"tcp://127.0.0.1:{port}", "token", os.getpid(), "x")
+        began = time.monotonic()
+        with pytest.raises(AgentLost, match="stopped answering"):
+            client.sync(client.call, "agent_forward", handler="mdata_ack", msg={})
+        assert time.monotonic() - began < AGENT_CONNECT_S + 5
+    finally:
+        client.close()
