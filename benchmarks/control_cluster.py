@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -134,12 +135,16 @@ def cluster(corpus: Path, constructors: int) -> Iterator[tuple[subprocess.Popen,
     """:func:`start_cluster` for the length of a ``with``, yielding the scheduler's process and
     address: a failure inside quotes the end of the scheduler's log, and every process is stopped
     however the block ends (workers first, so none reconnects to a scheduler going away)."""
-    log = Path(tempfile.mkdtemp(prefix="mdata-control-")) / "scheduler.log"
-    scheduler, address, workers = start_cluster(corpus, constructors, log)
+    folder = Path(tempfile.mkdtemp(prefix="mdata-control-"))
+    log = folder / "scheduler.log"
     try:
-        yield scheduler, address
-    except Exception as exc:
-        raise RuntimeError(f"{exc}; the scheduler's log ends: {log.read_text()[-1500:]}") from exc
-    finally:
-        _stop(workers)
-        _stop([scheduler])
+        scheduler, address, workers = start_cluster(corpus, constructors, log)
+        try:
+            yield scheduler, address
+        except Exception as exc:
+            raise RuntimeError(f"{exc}; the scheduler's log ends: {log.read_text()[-1500:]}") from exc
+        finally:
+            _stop(workers)
+            _stop([scheduler])
+    finally:  # the log's end is quoted in the error above; a run leaves nothing in /tmp
+        shutil.rmtree(folder, ignore_errors=True)
