@@ -113,12 +113,13 @@ def start_cluster(corpus: Path, constructors: int, log: Path) -> tuple[subproces
         with Client(address, set_as_default=False, timeout=60) as client:
             client.wait_for_workers(len(workers), timeout=START_TIMEOUT_S)
     except BaseException:
-        _stop([*workers, scheduler])
+        stop_processes([*workers, scheduler])
         raise
     return scheduler, address, workers
 
 
-def _stop(procs: list[subprocess.Popen]) -> None:
+def stop_processes(procs: list[subprocess.Popen]) -> None:
+    """Terminate ``procs`` in order, then wait for each (killed if it has not ended in 30 s)."""
     for proc in procs:
         if proc.poll() is None:
             proc.terminate()
@@ -144,7 +145,7 @@ def cluster(corpus: Path, constructors: int) -> Iterator[tuple[subprocess.Popen,
         except Exception as exc:
             raise RuntimeError(f"{exc}; the scheduler's log ends: {log.read_text()[-1500:]}") from exc
         finally:
-            _stop(workers)
-            _stop([scheduler])
+            stop_processes(workers)
+            stop_processes([scheduler])
     finally:  # the log's end is quoted in the error above; a run leaves nothing in /tmp
         shutil.rmtree(folder, ignore_errors=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.control_cluster import wait_for_line
+from benchmarks.control_cluster import stop_processes, wait_for_line
 from mdata.driver import submit_job
 from mdata.driver.tls import make_certificates
 from mdata.trainer import Loader
@@ -74,10 +74,4 @@ def test_dask_cli_cluster_serves_trainers(protocol, example_corpus, tmp_path):
         names = {int(s) for b in batches for s in b["sample_ids"][:, 0].tolist()}
         assert names == {0, 1}  # both sources, through the one text pool
     finally:
-        for proc in reversed(procs):
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_processes(list(reversed(procs)))  # workers first, the scheduler last
