@@ -89,7 +89,16 @@ class SourceError(MdataError):
         return (
             _rebuild_source_error,
             (type(self), self.message, self.source, self.shard, self.row, self.hint),
+            _notes(self),
         )
+
+
+def _notes(exc: BaseException) -> dict | None:
+    """The notes of ``exc`` as pickle state (restored by ``BaseException.__setstate__``): a
+    worker's error reaches the scheduler pickled, with what was noted on the way, e.g. the DP
+    group a construct task was building."""
+    notes = getattr(exc, "__notes__", None)
+    return {"__notes__": list(notes)} if notes else None
 
 
 def _rebuild_source_error(cls, message, source, shard, row, hint):
@@ -141,7 +150,8 @@ class StorageEndpointError(SourceError):
 
     def __reduce__(self):
         return (_rebuild_endpoint_error,
-                (type(self), self.message, self.source, self.endpoint, self.shard, self.hint))
+                (type(self), self.message, self.source, self.endpoint, self.shard, self.hint),
+                _notes(self))
 
 
 def _rebuild_endpoint_error(cls, message, source, endpoint, shard, hint):
@@ -192,7 +202,8 @@ class UntrustedSourceError(InvalidSourceError):
         super().__init__(message, source=source, shard=shard, row=row, hint=hint)
 
     def __reduce__(self):  # keep the field across pickling too
-        return (_rebuild_untrusted, (type(self), self.message, self.source, self.field, self.hint))
+        return (_rebuild_untrusted, (type(self), self.message, self.source, self.field, self.hint),
+                _notes(self))
 
 
 def _rebuild_untrusted(cls, message, source, field, hint):

@@ -128,6 +128,7 @@ async def _answer(runtime: "JobRuntime", step: int, ask: LocationAsk, key: tuple
         receives_tokens=bool(role.receives_tokens),
         receives_labels=bool(role.receives_labels),
         checkpoint=checkpoint[0],
+        dp_rank=key[1],  # the group's batch within its construct task's part
     ))
 
 

@@ -41,6 +41,7 @@ from mdata.wire.messages import AttachReply, AttachRequest
 from mdata.wire.host_location import LocationAsk
 from scheduler_plugins import rewind
 from scheduler_plugins.batch_locations import locate_many
+from scheduler_plugins.construct_parts import ConstructParts, split_groups
 from scheduler_plugins.consumption import Told, consumption_events, delivery_events
 from scheduler_plugins.job_tasks import release_job_tasks_settled
 from scheduler_plugins.lineage_store import LineageStore
@@ -48,7 +49,7 @@ from scheduler_plugins.location_push import LocationPusher
 from scheduler_plugins.planner_view import PlannerView
 from scheduler_plugins.recoveries import RecoveryTally
 from scheduler_plugins.told_steps import ToldSteps
-from workers.constructor import construct_task
+from workers.constructor import construct_part_task
 from workers.loader import chunk_summary_task, load_chunk_task
 
 T = TypeVar("T")
@@ -96,7 +97,10 @@ class JobRuntime:
         self.sources = {s.name: s for s in plan.sources if not isinstance(s, str)}
         self.lock = asyncio.Lock()
         self.chunk_futures: dict[Any, Any] = {}
+        # (step, DP rank) -> the future of the construct task that builds the group's batch (a
+        # part of the step's groups: scheduler_plugins.construct_parts), and what each part holds
         self.batch_futures: dict[tuple[int, int], Any] = {}
+        self.parts = ConstructParts()
         self.batch_ready: dict[tuple[int, int], asyncio.Event] = defaultdict(asyncio.Event)
         # (reason, the typed error when it was an MdataError) per batch that could not be built
         self.batch_errors: dict[tuple[int, int], tuple[str, MdataError | None]] = {}
@@ -351,17 +355,39 @@ class JobRuntime:
         self._construct_batches([ins])
 
     def _construct_batches(self, constructs: list) -> None:
-        """Submit the construct task of each DP group's batch, all in one graph."""
-        specs = [self._construct_spec(ins) for ins in constructs]
-        # the generation keeps a rewound job's batches apart from the ones it dropped
-        keys = [("mdata-construct", self.job, self.roster.generation, ins.step, ins.dp_rank)
-                for ins in constructs]
-        futs = self.client.map(construct_task, [spec.to_msg() for spec in specs], key=keys,
-                               resources={CONSTRUCTOR_RESOURCE: 1}, pure=False)
-        for ins, spec, fut in zip(constructs, specs, futs):
-            self.batch_futures[(ins.step, ins.dp_rank)] = fut
-            self.data_waits.planned(ins.step, (tuple(pull.key) for pull in spec.chunks))
-            self._spawn(self._await_batch(ins.step, ins.dp_rank, fut))
+        """Submit the construct tasks of these DP groups' batches, all in one graph: per step,
+        one task per constructor slot, each building a part of the step's groups
+        (:mod:`scheduler_plugins.construct_parts`)."""
+        by_step: dict[int, dict[int, Any]] = {}
+        for ins in constructs:
+            by_step.setdefault(int(ins.step), {})[int(ins.dp_rank)] = ins
+        slots = self.constructor_slots()
+        parts = [(step, part) for step, groups in by_step.items()
+                 for part in split_groups(list(groups), slots)]
+        specs = {(step, dp): self._construct_spec(by_step[step][dp])
+                 for step, part in parts for dp in part}
+        # the generation keeps a rewound job's batches apart from the ones it dropped; a part is
+        # named by its step and first DP rank
+        keys = [("mdata-construct", self.job, self.roster.generation, step, part[0])
+                for step, part in parts]
+        futs = self.client.map(
+            construct_part_task, [[specs[step, dp].to_msg() for dp in part] for step, part in parts],
+            key=keys, resources={CONSTRUCTOR_RESOURCE: 1}, pure=False)
+        for (step, part), fut in zip(parts, futs):
+            batches = [(step, dp) for dp in part]
+            self.parts.add(fut.key, batches)
+            for key in batches:
+                self.batch_futures[key] = fut
+                self.data_waits.planned(step, (tuple(pull.key) for pull in specs[key].chunks))
+            self._spawn(self._await_batches(batches, fut))
+
+    def constructor_slots(self) -> int:
+        """Construct tasks the cluster's constructors run at once (their ``mdata_constructor``
+        resource, one per thread); at least 1, so that a job planned before its constructors
+        joined still has its batches queued."""
+        total = sum(ws.resources.get(CONSTRUCTOR_RESOURCE, 0)
+                    for ws in self.scheduler.workers.values())
+        return max(1, int(total))
 
     def _construct_spec(self, ins: "ps.ConstructBatch") -> ConstructSpec:
         samples = ins.samples
@@ -382,25 +408,32 @@ class JobRuntime:
             wait_s=float(self.chunk_wait_s),
         )
 
-    async def _await_batch(self, step: int, dp_rank: int, fut) -> None:
-        """Wait for a construct task without gathering its result (the batch stays on the worker).
+    async def _await_batches(self, batches: list[tuple[int, int]], fut) -> None:
+        """Wait for a construct task without gathering its result (the batches stay on the
+        worker); ``batches``: the (step, DP rank) of the groups it builds.
 
-        If the constructor holding the batch dies, the scheduler recomputes the task (this
-        runtime still holds its future) on another or the restarted constructor, pulling the
-        same rows again: :meth:`batch_location` notices the batch has no holder and waits here
-        again. A batch that cannot be built (the task erred, e.g. its workers kept dying) fails
-        the job with that cause, so every trainer hears it."""
-        key = (step, dp_rank)
-        exc = await fut.exception()  # waits for the task; never gathers the batch itself
-        if self.batch_futures.get(key) is not fut:
+        If the constructor holding them dies, the scheduler recomputes the task (this runtime
+        still holds its future) on another or the restarted constructor, pulling the same rows
+        again: :meth:`batch_location` notices the batch has no holder and waits here again. A
+        batch that cannot be built (the task erred, e.g. its workers kept dying) fails the job
+        with that cause, so every trainer hears it; the error's notes name the group."""
+        exc = await fut.exception()  # waits for the task; never gathers the batches themselves
+        held = [key for key in batches if self.batch_futures.get(key) is fut]
+        if not held:
             return  # released, or dropped by a rewind, meanwhile
         if exc is not None or fut.status == "error":
-            reason = f"building step {step} for DP rank {dp_rank} failed: {exc!r}"
-            self.batch_errors[key] = (reason, exc if isinstance(exc, MdataError) else None)
+            step, ranks = held[0][0], [dp for _, dp in held]
+            notes = "".join(f"; {note}" for note in getattr(exc, "__notes__", ()))
+            reason = (f"building step {step} for DP rank{'s' if len(ranks) > 1 else ''} "
+                      f"{', '.join(map(str, ranks))} failed: {exc!r}{notes}")
+            for key in held:
+                self.batch_errors[key] = (reason, exc if isinstance(exc, MdataError) else None)
             self._fail(reason, exc)
-        self.batch_ready[key].set()
+        for key in held:
+            self.batch_ready[key].set()
         if not self.failed.is_set():
-            self.pusher.built(key)  # to the clients whose ranks will pull it
+            for key in held:
+                self.pusher.built(key)  # to the clients whose ranks will pull it
 
     def _release_chunk(self, ins: "ps.ReleaseChunk") -> None:
         fut = self.chunk_futures.pop(ins.chunk.key, None)
@@ -409,10 +442,11 @@ class JobRuntime:
             fut.release()
 
     def _release_batch(self, ins: "ps.ReleaseBatch") -> None:
-        fut = self.batch_futures.pop((ins.step, ins.dp_rank), None)
-        self.batch_ready.pop((ins.step, ins.dp_rank), None)
-        if fut is not None:
-            fut.release()
+        key = (ins.step, ins.dp_rank)
+        fut = self.batch_futures.pop(key, None)
+        self.batch_ready.pop(key, None)
+        if fut is not None and self.parts.release(fut.key, key):
+            fut.release()  # the last group of its part
 
     def _step_ready(self, ins: "ps.StepReady") -> None:
         self.step_summaries[ins.step] = ins.summary.to_dict(self.view.names)
@@ -467,13 +501,17 @@ class JobRuntime:
         return None
 
     def _rebuilding(self, key: tuple[int, int], fut) -> None:
-        """The batch under ``key`` lost its only copy: wait for its recomputation (once)."""
+        """The batch under ``key`` lost its only copy, with the rest of its part: wait for the
+        part's recomputation (once)."""
         event = self.batch_ready.get(key)
         if event is not None and event.is_set():
-            event.clear()
-            logger.warning("mdata job %s: batch of step %d, DP rank %d was lost with its "
-                           "constructor; rebuilding it", self.job, key[0], key[1])
-            self._spawn(self._await_batch(key[0], key[1], fut))
+            held = [k for k in self.parts.members(fut.key) if self.batch_futures.get(k) is fut]
+            for k in held:
+                self.batch_ready[k].clear()
+            logger.warning("mdata job %s: batches of step %d, DP ranks %s were lost with their "
+                           "constructor; rebuilding them", self.job, key[0],
+                           [dp for _, dp in held])
+            self._spawn(self._await_batches(held, fut))
 
     async def acknowledge(self, rank: int, step: int, *, consumed: bool = True, token: str = "",
                           generation: int = 0, stalled_s: float = -1.0) -> None:
@@ -582,6 +620,7 @@ class JobRuntime:
             fut.release()
         self.chunk_futures.clear()
         self.batch_futures.clear()
+        self.parts.clear()
         for event in self.batch_ready.values():
             event.set()  # long polls of the old generation wake up and see the rewind
         self.batch_ready = defaultdict(asyncio.Event)
@@ -654,6 +693,7 @@ class JobRuntime:
                 fut.release()
             self.chunk_futures.clear()
             self.batch_futures.clear()
+            self.parts.clear()
             # gone when close answers, also those still on the client's stream
             await release_job_tasks_settled(self.scheduler, self.client.id, self.job)
         if self.lineage is not None:

@@ -1,8 +1,9 @@
-"""Data constructors: build the batch of one DP group for one step and serve it to trainer ranks.
+"""Data constructors: build the batches of DP groups for one step and serve them to trainer ranks.
 
-A construct task runs on a constructor worker. It pulls exactly the rows its DP group needs from the
+A construct task runs on a constructor worker and builds the batches of a *part* of a step's DP
+groups (one part per constructor slot). It pulls exactly the rows each group needs from the
 loader workers that hold them (worker to worker, once per DP group, never once per TP/CP/PP rank),
-packs them into micro-batches and keeps the finished ``DPBatch`` in worker memory. Trainer ranks
+packs them into micro-batches and keeps the finished ``DPBatch`` of each group in worker memory. Trainer ranks
 then pull their own slice (CP split, metadata only for middle pipeline stages) through
 :func:`make_get_batch_handler`, directly from this worker: bulk data never crosses the scheduler.
 
@@ -169,43 +170,29 @@ def _known(addresses: list[str] | None, key) -> list[str]:
     return addresses
 
 
-def construct_task(msg: dict[str, Any]) -> DPBatch:
-    """Dask task body: assemble one DP group's batch for one step from rows held by loaders.
+async def _pulled(worker, spec: ConstructSpec, deadline: OutageDeadline) -> list:
+    """The rows of every chunk ``spec``'s batch draws on, in the spec's order."""
+    import asyncio
 
-    ``msg`` is a :class:`~mdata.wire.messages.ConstructSpec` as built by the Planner plugin
-    (``ConstructSpec.to_msg()``): the chunks to pull (key, row indices, who held them), the
-    per-sample assignment columns in the order of the concatenated pulled rows, the plan's batch
-    settings and how long to wait for a chunk.
-    """
-    from distributed import get_worker
-    from distributed.utils import sync
+    keys = [as_key(pull.key) for pull in spec.chunks]
+    pieces = await _pull_grouped(worker, keys, spec.chunks)
+    missing = [i for i, piece in enumerate(pieces) if piece is None]
+    if missing:
+        # The Planner's who_has is from submission time; a loader may have died since.
+        # Nobody holding it now means it is being loaded again: wait for it, not for the
+        # dead address.
+        current = await _who_has(worker, [keys[i] for i in missing])
+        found = await asyncio.gather(*(
+            _pull_rows(worker, keys[i], list(spec.chunks[i].indices), _known(where, keys[i]),
+                       deadline)
+            for i, where in zip(missing, current)
+        ))
+        for i, piece in zip(missing, found):
+            pieces[i] = piece
+    return pieces
 
-    spec = ConstructSpec.from_msg(msg)
-    worker = get_worker()
-    deadline = OutageDeadline(spec.wait_s, time.monotonic(),
-                              check_every=min(STORAGE_CHECK_S, spec.wait_s / 4 or STORAGE_CHECK_S))
 
-    async def pull_all():
-        import asyncio
-
-        keys = [as_key(pull.key) for pull in spec.chunks]
-        pieces = await _pull_grouped(worker, keys, spec.chunks)
-        missing = [i for i, piece in enumerate(pieces) if piece is None]
-        if missing:
-            # The Planner's who_has is from submission time; a loader may have died since.
-            # Nobody holding it now means it is being loaded again: wait for it, not for the
-            # dead address.
-            current = await _who_has(worker, [keys[i] for i in missing])
-            found = await asyncio.gather(*(
-                _pull_rows(worker, keys[i], list(spec.chunks[i].indices), _known(where, keys[i]),
-                           deadline)
-                for i, where in zip(missing, current)
-            ))
-            for i, piece in zip(missing, found):
-                pieces[i] = piece
-        return pieces
-
-    pieces = sync(worker.loop, pull_all)
+def _built(spec: ConstructSpec, pieces: list) -> DPBatch:
     return build_dp_batch(
         spec.step,
         spec.dp_rank,
@@ -222,6 +209,57 @@ def construct_task(msg: dict[str, Any]) -> DPBatch:
     )
 
 
+def _name_group(exc: BaseException, spec: ConstructSpec) -> None:
+    """Note on ``exc`` the group it failed for (a part builds several): the note travels with
+    the exception to the scheduler and the trainers, its type and fields unchanged."""
+    exc.add_note(f"while building the batch of step {spec.step} for DP rank {spec.dp_rank}")
+
+
+def construct_part_task(msgs: list[dict[str, Any]]) -> dict[int, DPBatch]:
+    """Dask task body: assemble the batches of several DP groups of one step (a *part*) from
+    rows held by loaders; the result maps each group's DP rank to its ``DPBatch``.
+
+    Each of ``msgs`` is a :class:`~mdata.wire.messages.ConstructSpec` as built by the Planner
+    plugin (``ConstructSpec.to_msg()``): the chunks to pull (key, row indices, who held them), the
+    per-sample assignment columns in the order of the concatenated pulled rows, the plan's batch
+    settings and how long to wait for a chunk. One task per constructor slot and step, not one
+    per group, is what keeps the scheduler's work per step from growing with DP groups (each
+    task costs it the same, whatever it builds). The groups' rows are pulled concurrently; the
+    batches are packed one after the other (CPU work in the task's one thread). A group that
+    cannot be built fails the task, with a note naming it.
+    """
+    from distributed import get_worker
+    from distributed.utils import sync
+
+    specs = [ConstructSpec.from_msg(msg) for msg in msgs]
+    worker = get_worker()
+    wait_s = max(spec.wait_s for spec in specs)
+    deadline = OutageDeadline(wait_s, time.monotonic(),
+                              check_every=min(STORAGE_CHECK_S, wait_s / 4 or STORAGE_CHECK_S))
+
+    async def pull_all() -> list:
+        import asyncio
+
+        async def one(spec: ConstructSpec) -> list:
+            try:
+                return await _pulled(worker, spec, deadline)
+            except Exception as exc:
+                _name_group(exc, spec)
+                raise
+
+        return list(await asyncio.gather(*(one(spec) for spec in specs)))
+
+    pulled = sync(worker.loop, pull_all)
+    out: dict[int, DPBatch] = {}
+    for spec, pieces in zip(specs, pulled):
+        try:
+            out[spec.dp_rank] = _built(spec, pieces)
+        except Exception as exc:
+            _name_group(exc, spec)
+            raise
+    return out
+
+
 def make_get_batch_handler(worker):
     """Build the function behind ``mdata_get_batch``: one trainer rank's slice of a finished batch
     (``cp_rank=None``: the whole sequence, for the receiver under ``broadcast_at("cp")``; register
@@ -232,6 +270,11 @@ def make_get_batch_handler(worker):
             dp_batch = worker.data[req.key]
         except KeyError:
             return GetBatchReply(Status.MISSING, req.key)
+        if isinstance(dp_batch, dict) and req.dp_rank is not None:  # a part: one of its groups
+            dp_batch = dp_batch.get(req.dp_rank)
+            if dp_batch is None:
+                raise InvalidRequestError(
+                    f"mdata_get_batch: {req.key!r} holds no batch of DP rank {req.dp_rank}")
         if not isinstance(dp_batch, DPBatch):
             raise InvalidRequestError(f"mdata_get_batch: {req.key!r} is not a built batch")
         batch = dp_batch.for_rank(

@@ -35,7 +35,8 @@ def fetch_slice(client: Any, location: BatchLocation, delivery: Any):
     under the plan's broadcast axis, :meth:`mdata.mesh.ClientPlaceTree.delivery`)."""
     request = GetBatchRequest(key=location.key, cp_rank=delivery.cp_rank,
                               receives_tokens=delivery.receives_tokens,
-                              receives_labels=delivery.receives_labels)
+                              receives_labels=delivery.receives_labels,
+                              dp_rank=location.dp_rank)
     limit = reply_timeout(request)  # a stuck constructor counts as gone: ask the next one
 
     async def pull():

@@ -35,7 +35,10 @@ __all__ = [
 @dataclass(frozen=True)
 class BatchLocation(Message):
     """Where the batch of a step is (task ``key`` on the constructors ``who_has``), this rank's
-    slice of it, and the checkpoint of having consumed that step (``Checkpoint.to_dict()``)."""
+    slice of it, and the checkpoint of having consumed that step (``Checkpoint.to_dict()``).
+    ``dp_rank``: the rank's DP group within the task's result, when one construct task built the
+    batches of several groups (:func:`workers.constructor.construct_part_task`); None when the
+    task's result is the group's batch itself."""
 
     key: tuple
     who_has: tuple[str, ...]
@@ -43,11 +46,12 @@ class BatchLocation(Message):
     receives_tokens: bool
     receives_labels: bool
     checkpoint: Mapping[str, Any]
+    dp_rank: int | None = None
 
     def to_msg(self) -> dict[str, Any]:
         return {"key": key_msg(self.key), "who_has": list(self.who_has), "cp_rank": self.cp_rank,
                 "receives_tokens": self.receives_tokens, "receives_labels": self.receives_labels,
-                "checkpoint": self.checkpoint}
+                "checkpoint": self.checkpoint, "dp_rank": self.dp_rank}
 
     @classmethod
     def read(cls, r: Reader) -> "BatchLocation":
@@ -55,7 +59,8 @@ class BatchLocation(Message):
         who_has = r.list("who_has", check_str)
         cp_rank, tokens, labels = r.int("cp_rank"), r.bool("receives_tokens"), r.bool("receives_labels")
         checkpoint = read_checkpoint(r.raw("checkpoint"), r, "checkpoint")
-        return cls(key, who_has, cp_rank, tokens, labels, checkpoint.to_dict())
+        return cls(key, who_has, cp_rank, tokens, labels, checkpoint.to_dict(),
+                   r.optional("dp_rank", check_int))
 
 
 @dataclass(frozen=True)
@@ -275,8 +280,9 @@ class GetBatchReply(Message):
 
 @dataclass(frozen=True)
 class GetBatchRequest(Request):
-    """This rank's slice of the batch held under ``key``: its CP piece, and tokens / labels only
-    where its pipeline stage needs them."""
+    """This rank's slice of the batch held under ``key`` (of DP group ``dp_rank`` when the task
+    under ``key`` built several groups' batches): its CP piece, and tokens / labels only where
+    its pipeline stage needs them."""
 
     handler = Handler.GET_BATCH
     reply = GetBatchReply
@@ -285,16 +291,18 @@ class GetBatchRequest(Request):
     cp_rank: int | None  # None: the whole sequence (the receiver under broadcast_at("cp"))
     receives_tokens: bool
     receives_labels: bool
+    dp_rank: int | None = None
 
     def to_msg(self) -> dict[str, Any]:
         return {"key": key_msg(self.key), "cp_rank": self.cp_rank,
-                "receives_tokens": self.receives_tokens, "receives_labels": self.receives_labels}
+                "receives_tokens": self.receives_tokens, "receives_labels": self.receives_labels,
+                "dp_rank": self.dp_rank}
 
     @classmethod
     def from_msg(cls, msg: Any) -> "GetBatchRequest":
         r = Reader(cls.__name__, msg)
         out = cls(key_of(r.raw("key"), r, "key"), r.optional("cp_rank", check_int, required=True),
                   r.bool("receives_tokens"),
-                  r.bool("receives_labels"))
+                  r.bool("receives_labels"), r.optional("dp_rank", check_int))
         r.done()
         return out

@@ -112,4 +112,4 @@ class LocationPush(Message):
             checkpoint = self.checkpoints[g.step]
             for rank, cp_rank, tokens, labels in g.ranks:
                 yield g.step, rank, BatchLocation(g.key, g.who_has, cp_rank, tokens, labels,
-                                                  checkpoint)
+                                                  checkpoint, g.dp_rank)

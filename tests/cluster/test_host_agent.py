@@ -190,7 +190,11 @@ def test_the_agent_exits_when_its_ranks_are_killed(mdata_cluster, client, exampl
     while "(most recent call first)" not in (log.read_text() if log.exists() else ""):
         assert time.monotonic() < deadline, "the agent wrote no stacks to its log on SIGUSR1"
         time.sleep(0.05)
-    assert "host_agent.py" in log.read_text()  # its own frames (the serving loop) among them
+    # its own frames (the serving loop) among them; the dump is written thread by thread, so
+    # the first thread's header can be read before the thread that runs the agent's code
+    while "host_agent.py" not in log.read_text():
+        assert time.monotonic() < deadline, f"no frame of the agent's own code: {log.read_text()}"
+        time.sleep(0.05)
     for p in procs:
         os.kill(p.pid, signal.SIGKILL)
         p.join(timeout=30)

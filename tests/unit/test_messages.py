@@ -39,7 +39,7 @@ def checkpoint() -> Checkpoint:
 def location() -> m.BatchLocation:
     return m.BatchLocation(key=("mdata-construct", "job", 3, 1), who_has=("tcp://10.0.0.1:4000",),
                            cp_rank=1, receives_tokens=True, receives_labels=False,
-                           checkpoint=checkpoint().to_dict())
+                           checkpoint=checkpoint().to_dict(), dp_rank=2)
 
 
 def corrupt_shard() -> CorruptShardError:
@@ -165,6 +165,8 @@ MESSAGES = [
     m.TakeRowsManyReply((m.TakeRowsReply(m.Status.MISSING, key=("mdata-load", "job", "chat", 0, 256)),)),
     m.GetBatchRequest(key=("mdata-construct", "job", 3, 1), cp_rank=1, receives_tokens=True,
                       receives_labels=False),
+    m.GetBatchRequest(key=("mdata-construct", "job", 1, 3, 4), cp_rank=None, receives_tokens=True,
+                      receives_labels=True, dp_rank=5),
     m.GetBatchReply(m.Status.MISSING, key=("mdata-construct", "job", 3, 1)),
     m.StorageWaitsRequest(),
     m.StorageWaitsReply((STORAGE_WAIT,)),
@@ -253,8 +255,9 @@ def test_a_push_gives_each_rank_the_location_a_location_request_would_have():
     back = m.LocationPush.from_msg(through_msgpack(push.to_msg()))
     got = list(back.locations())
     assert [(step, rank) for step, rank, _ in got] == [(5, 2), (5, 3)]
+    # the group's DP rank within its part (a construct task builds several groups' batches)
     assert got[1][2] == m.BatchLocation(key, ("tcp://10.0.0.1:4000",), 1, False, False,
-                                        checkpoint().to_dict())
+                                        checkpoint().to_dict(), dp_rank=1)
     assert got[0][2].checkpoint is got[1][2].checkpoint  # read once for the step
 
 
