@@ -638,7 +638,6 @@ class JobRuntime:
     def status(self, max_steps: int = 10_000) -> StatusReply:
         """A snapshot for trainers, the demo summary and the dashboard (counters from the view)."""
         view = self.view
-        now = time.time()
         return StatusReply(
             job=self.job,
             failure=self.failure,
@@ -659,13 +658,18 @@ class JobRuntime:
                 truncated=view.truncated,
                 skipped=dict(view.skipped),
             ),
-            storage_waits={name: StorageWaitInfo.of(wait, now)
-                           for name, wait in self.storage_waits.items()},
+            storage_waits=self.storage_wait_infos(),
             **({} if self.scaler_status is None else {"autoscaler": self.scaler_status}),
             **({} if self.lineage is None else {"lineage": self.lineage.info()}),
             recoveries=self.recoveries.counts(),
             quarantined=self.quarantined(),
         )
+
+    def storage_wait_infos(self) -> dict[str, StorageWaitInfo]:
+        """The job's sources waiting on storage now, as the status and a late Loader's
+        :class:`~mdata.wire.messages.JobStorageWaitsRequest` report them."""
+        now = time.time()
+        return {name: StorageWaitInfo.of(wait, now) for name, wait in self.storage_waits.items()}
 
     def quarantined(self) -> dict[str, list]:
         """Per source, what on_corrupt="skip" passed over: shards listed with no rows, then the

@@ -106,6 +106,7 @@ class PlannerPlugin(SchedulerPlugin):
             msg.StoryRequest: self.story,
             msg.LineageRequest: self.lineage,
             msg.StatusRequest: self.status,
+            msg.JobStorageWaitsRequest: self.job_storage_waits,
             msg.JobsRequest: self.list_jobs,
             msg.JobInfoRequest: self.job_info,
             msg.WhoHasRequest: self.who_has,
@@ -417,6 +418,9 @@ class PlannerPlugin(SchedulerPlugin):
     def status(self, req: msg.StatusRequest) -> msg.StatusReply:
         runtime = self._job(req.job)
         return runtime.status() if req.max_steps is None else runtime.status(req.max_steps)
+
+    def job_storage_waits(self, req: msg.JobStorageWaitsRequest) -> msg.JobStorageWaitsReply:
+        return msg.JobStorageWaitsReply(self._job(req.job).storage_wait_infos())
 
     def job_info(self, req: msg.JobInfoRequest) -> msg.JobInfo:
         return self._job_info(self._job(req.job))

@@ -28,8 +28,8 @@ import numpy as np
 from mdata.errors import MdataError
 from mdata.ids import SampleId
 from mdata.wire.messages import (
-    CheckpointRequest, CloseJobRequest, JobInfoRequest, JobsRequest, LineageRequest, Request,
-    StatusRequest, StoryRequest, ask_sync,
+    CheckpointRequest, CloseJobRequest, JobInfoRequest, JobsRequest, JobStorageWaitsRequest,
+    LineageRequest, Request, StatusRequest, StoryRequest, ask_sync,
 )
 
 __all__ = ["JobHandle", "SampleStory", "Occurrence"]
@@ -188,8 +188,9 @@ class JobHandle:
         return self._ask(StatusRequest(self.job, max_steps=max_steps)).to_msg()
 
     def storage_waits(self) -> dict[str, dict[str, Any]]:
-        """``status()["storage_waits"]``: the job's sources now waiting on storage, by name."""
-        return self.status()["storage_waits"]
+        """``status()["storage_waits"]``: the job's sources now waiting on storage, by name,
+        asked alone (a status also carries a figure per rank)."""
+        return self._ask(JobStorageWaitsRequest(self.job)).to_msg()["storage_waits"]
 
     def step_summaries(self) -> list[dict[str, Any]]:
         """The per-step summaries of :meth:`status`, as a list sorted by step."""

@@ -11,8 +11,12 @@ deadline the load fails it with ``StorageUnavailableError`` naming the source an
 is what the trainer raises. The same answers feed the training log's warning
 (:class:`~mdata.trainer.storage_notice.StorageNotice`).
 
-The check costs one small status message per late Loader per ``check_every`` (the poll interval,
-5 s by default, or a quarter of the timeout if shorter), and nothing while batches are on time.
+The check costs one small message per late Loader per ``check_every`` (the poll interval, 5 s by
+default, or a quarter of the timeout if shorter), and nothing while batches are on time. It asks
+only whether the job waits on storage (:class:`~mdata.wire.messages.JobStorageWaitsRequest`, as
+large as the sources that wait), never the job's whole status: a status holds a figure per rank,
+and when every rank of a large world is late at once (the first step, any data stall) that made
+the scheduler's work grow with ranks x ranks.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from typing import Any
 from mdata.sources.outage_deadline import OutageDeadline
 from mdata.trainer.scheduler_loss import SchedulerWatch
 from mdata.trainer.storage_notice import StorageNotice
-from mdata.wire.messages import StatusRequest, ask_sync
+from mdata.wire.messages import JobStorageWaitsRequest, ask_sync
 
 __all__ = ["Patience"]
 
@@ -81,6 +85,6 @@ class Patience:
 
     def _storage_waits(self):
         try:
-            return ask_sync(self.client, StatusRequest(self.job, max_steps=0)).storage_waits
+            return ask_sync(self.client, JobStorageWaitsRequest(self.job)).storage_waits
         except Exception:  # noqa: BLE001 - no answer is no outage: the timeout runs on
             return None

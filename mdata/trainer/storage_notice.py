@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mdata.sources import describe_storage_wait
-from mdata.wire.messages import StatusRequest, ask_sync
+from mdata.wire.messages import JobStorageWaitsRequest, ask_sync
 
 __all__ = ["StorageNotice"]
 
@@ -45,7 +45,7 @@ class StorageNotice:
         if waited_s < self.after_s or now - self._last < self.every_s:
             return None
         try:
-            waits = ask_sync(self.client, StatusRequest(self.job, max_steps=0)).storage_waits
+            waits = ask_sync(self.client, JobStorageWaitsRequest(self.job)).storage_waits
         except Exception:  # noqa: BLE001 - a notice must never break the wait it explains
             return None
         return self.tell(step, waited_s, waits, now)

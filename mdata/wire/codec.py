@@ -42,6 +42,7 @@ class Handler(str, enum.Enum):
     STORY = "mdata_story"
     LINEAGE = "mdata_lineage"
     STATUS = "mdata_status"
+    JOB_STORAGE_WAITS = "mdata_job_storage_waits"  # a late Loader: does the job wait on storage?
     JOBS = "mdata_jobs"
     JOB_INFO = "mdata_job_info"
     WHO_HAS = "mdata_who_has"

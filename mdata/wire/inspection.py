@@ -24,7 +24,8 @@ from mdata.wire.pools import PoolDecision, ScalerStatus, read_decision, read_sca
 from mdata.wire.storage import StorageWaitInfo, read_storage_wait
 
 __all__ = [
-    "StatusRequest", "StatusReply", "StatusCounters", "StoryRequest",
+    "StatusRequest", "StatusReply", "StatusCounters", "JobStorageWaitsRequest",
+    "JobStorageWaitsReply", "StoryRequest",
     "StoryReply", "StoryOccurrence", "LineageRequest", "LineageReply", "ExactlyOnce",
 ]
 
@@ -159,6 +160,36 @@ class StatusRequest(JobRequest):
         out = cls(r.str("job"), None if raw is None else check_int(raw, r, "max_steps"))
         r.done()
         return out
+
+
+@dataclass(frozen=True)
+class JobStorageWaitsReply(Message):
+    """The job's sources that wait on storage now (empty: none), as a status reports them."""
+
+    storage_waits: Mapping[str, StorageWaitInfo] = field(default_factory=dict)
+
+    def to_msg(self) -> dict[str, Any]:
+        return {"storage_waits": {k: v.to_msg() for k, v in self.storage_waits.items()}}
+
+    @classmethod
+    def from_msg(cls, msg: Any) -> "JobStorageWaitsReply":
+        r = Reader(cls.__name__, msg)
+        out = cls(r.mapping("storage_waits", read_storage_wait))
+        r.done()
+        return out
+
+
+@dataclass(frozen=True)
+class JobStorageWaitsRequest(JobRequest):
+    """Whether ``job`` waits on storage: what a Loader whose batch is late asks (every few
+    seconds while it waits), so it can let a storage outage extend its timeout and say why it
+    waits. A whole :class:`StatusRequest` would answer it too, but a status carries a figure per
+    rank: asked by every late rank of a large world at once (a job's first step, any data
+    stall), it cost the scheduler ranks x ranks work; this answer is as large as the sources that
+    wait."""
+
+    handler = Handler.JOB_STORAGE_WAITS
+    reply = JobStorageWaitsReply
 
 
 # -- story and lineage ---------------------------------------------------------------------------

@@ -1,29 +1,30 @@
 """Every message between mdata processes, by handler, and the two functions that use them.
 
-==========================  =========================  ==========================================
-handler (:class:`Handler`)  request                    reply
-==========================  =========================  ==========================================
-``mdata_register_job``      RegisterJobRequest         JobInfo
-``mdata_job_info``          JobInfoRequest             JobInfo
-``mdata_jobs``              JobsRequest                JobsReply (a list of names)
-``mdata_batch_location``    BatchLocationRequest       BatchLocationReply (OK/timeout/failed)
-``mdata_host_location``     HostLocationRequest        HostLocationReply (one BatchLocationReply each)
-``mdata_consumed``          ConsumedRequest            ConsumedReply (each tell's error, or none)
-``mdata_ack``               AckRequest                 OkReply
-``mdata_report_metrics``    ReportMetricsRequest       OkReply
-``mdata_checkpoint``        CheckpointRequest          CheckpointReply (``Checkpoint.to_dict()``)
-``mdata_status``            StatusRequest              StatusReply
-``mdata_story``             StoryRequest               StoryReply (a list of occurrences)
-``mdata_lineage``           LineageRequest             LineageReply
-``mdata_who_has``           WhoHasRequest              WhoHasReply
-``mdata_close_job``         CloseJobRequest            OkReply
-``mdata_take_rows``         TakeRowsRequest            TakeRowsReply (OK/missing), on loaders
-``mdata_take_rows_many``    TakeRowsManyRequest        TakeRowsManyReply (one TakeRowsReply each)
-``mdata_get_batch``         GetBatchRequest            GetBatchReply (OK/missing), on constructors
-``mdata_storage_waits``     StorageWaitsRequest        StorageWaitsReply, on any mdata worker
-``mdata_set_role``          SetRoleRequest             SetRoleReply (resources), on pool workers
-(construct task argument)   ConstructSpec              the task's result stays on the worker
-==========================  =========================  ==========================================
+=============================  =========================  ==========================================
+handler (:class:`Handler`)     request                    reply
+=============================  =========================  ==========================================
+``mdata_register_job``         RegisterJobRequest         JobInfo
+``mdata_job_info``             JobInfoRequest             JobInfo
+``mdata_jobs``                 JobsRequest                JobsReply (a list of names)
+``mdata_batch_location``       BatchLocationRequest       BatchLocationReply (OK/timeout/failed)
+``mdata_host_location``        HostLocationRequest        HostLocationReply (one BatchLocationReply each)
+``mdata_consumed``             ConsumedRequest            ConsumedReply (each tell's error, or none)
+``mdata_ack``                  AckRequest                 OkReply
+``mdata_report_metrics``       ReportMetricsRequest       OkReply
+``mdata_checkpoint``           CheckpointRequest          CheckpointReply (``Checkpoint.to_dict()``)
+``mdata_status``               StatusRequest              StatusReply
+``mdata_job_storage_waits``    JobStorageWaitsRequest     JobStorageWaitsReply (sources waiting)
+``mdata_story``                StoryRequest               StoryReply (a list of occurrences)
+``mdata_lineage``              LineageRequest             LineageReply
+``mdata_who_has``              WhoHasRequest              WhoHasReply
+``mdata_close_job``            CloseJobRequest            OkReply
+``mdata_take_rows``            TakeRowsRequest            TakeRowsReply (OK/missing), on loaders
+``mdata_take_rows_many``       TakeRowsManyRequest        TakeRowsManyReply (one TakeRowsReply each)
+``mdata_get_batch``            GetBatchRequest            GetBatchReply (OK/missing), on constructors
+``mdata_storage_waits``        StorageWaitsRequest        StorageWaitsReply, on any mdata worker
+``mdata_set_role``             SetRoleRequest             SetRoleReply (resources), on pool workers
+(construct task argument)      ConstructSpec              the task's result stays on the worker
+=============================  =========================  ==========================================
 
 Those down to ``mdata_close_job`` (and ``mdata_attach``, ``mdata_detach``, ``mdata_scaler_report``)
 are served by the Planner on the scheduler, the rest by mdata's worker plugin. A request's ``to_msg()`` is the handler's keyword arguments, so the handlers still answer
@@ -59,8 +60,8 @@ from mdata.wire.location_push import PUSH_OP, LocationPush, PushedGroup
 from mdata.wire.stream_tells import CONFIRM_OP, TELL_OP, StreamedTells, TellsConfirmed
 from mdata.wire.timeouts import reply_timeout, within
 from mdata.wire.inspection import (
-    ExactlyOnce, LineageReply, LineageRequest, StatusCounters, StatusReply,
-    StatusRequest, StoryOccurrence, StoryReply, StoryRequest,
+    ExactlyOnce, JobStorageWaitsReply, JobStorageWaitsRequest, LineageReply, LineageRequest,
+    StatusCounters, StatusReply, StatusRequest, StoryOccurrence, StoryReply, StoryRequest,
 )
 from mdata.wire.storage import (
     StorageWaitInfo, StorageWaitsReply, StorageWaitsRequest, WorkerStorageWait,
@@ -82,8 +83,8 @@ __all__ = [
     "RegisterJobRequest", "JobInfoRequest", "JobInfo", "MeshShape", "JobsRequest", "JobsReply",
     "CloseJobRequest", "OkReply", "CheckpointRequest", "CheckpointReply",
     # inspection
-    "StatusRequest", "StatusReply", "StatusCounters", "StoryRequest",
-    "StoryReply", "StoryOccurrence", "LineageRequest", "LineageReply", "ExactlyOnce",
+    "StatusRequest", "StatusReply", "StatusCounters", "JobStorageWaitsRequest",
+    "JobStorageWaitsReply", "StoryRequest", "StoryReply", "StoryOccurrence", "LineageRequest", "LineageReply", "ExactlyOnce",
     # delivery
     "BatchLocationRequest", "BatchLocation", "BatchLocationReply", "AckRequest",
     "ReportMetricsRequest", "GetBatchRequest", "GetBatchReply",
@@ -114,7 +115,8 @@ CATALOGUE: dict[Handler, type[Request]] = {
     for cls in (
         RegisterJobRequest, JobInfoRequest, JobsRequest, BatchLocationRequest, HostLocationRequest,
         ConsumedRequest, AckRequest,
-        ReportMetricsRequest, CheckpointRequest, StatusRequest, StoryRequest, LineageRequest,
+        ReportMetricsRequest, CheckpointRequest, StatusRequest, JobStorageWaitsRequest,
+        StoryRequest, LineageRequest,
         WhoHasRequest, CloseJobRequest, TakeRowsRequest, TakeRowsManyRequest, GetBatchRequest,
         AttachRequest,
         DetachRequest, StorageWaitsRequest, SetRoleRequest, ScalerReportRequest,

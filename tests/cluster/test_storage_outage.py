@@ -187,6 +187,10 @@ def test_an_s3_outage_is_shown_while_trainers_wait_and_nothing_is_lost_or_repeat
         assert chat["attempts"] >= 1 and chat["workers"] == remote
         assert any(e in chat["last_error"] for e in ("EndpointConnectionError", "ConnectionClosedError"))
         assert chat["targets"] and all(t.startswith(f"s3://{BUCKET}/chat/") for t in chat["targets"])
+        # the late Loaders' own question answers what the whole status says
+        in_status = job.status(max_steps=0)["storage_waits"]
+        assert list(in_status) == ["chat"] and in_status["chat"]["since"] == chat["since"]
+        assert in_status["chat"]["workers"] == chat["workers"]
         assert min(len(got[r]) for r in range(2)) < STEPS  # the trainers are waiting for it
 
         api = get_json(cluster, "mdata/api/outage/sources")

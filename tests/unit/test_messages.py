@@ -175,6 +175,9 @@ MESSAGES = [
     m.SetRoleRequest(role="loader", resources={"pool_chat": 2.0}, drop=("standby_chat",)),
     m.SetRoleReply(resources={"pool_chat": 2.0, "standby_chat": 0.0}),
     m.StatusRequest("pretrain", max_steps=0),
+    m.JobStorageWaitsRequest("pretrain"),
+    m.JobStorageWaitsReply({"web": WAITING_STATUS.storage_waits["web"]}),
+    m.JobStorageWaitsReply({}),
     m.ScalerReportRequest(m.ScalerStatus(
         running=True, errors=2, last_error="OSError: scheduler gone", last_run=1e9,
         workers={"text": 1, "images": 3},
@@ -199,7 +202,7 @@ def test_the_catalogue_names_every_handler_once_with_its_reply():
     assert set(m.CATALOGUE) == set(m.Handler)
     assert {h.value for h in m.Handler} == {
         "mdata_register_job", "mdata_batch_location", "mdata_host_location", "mdata_consumed", "mdata_ack", "mdata_report_metrics",
-        "mdata_checkpoint", "mdata_story", "mdata_lineage", "mdata_status", "mdata_jobs",
+        "mdata_checkpoint", "mdata_story", "mdata_lineage", "mdata_status", "mdata_job_storage_waits", "mdata_jobs",
         "mdata_job_info", "mdata_who_has", "mdata_close_job", "mdata_take_rows",
         "mdata_take_rows_many", "mdata_get_batch",
         "mdata_attach", "mdata_detach", "mdata_storage_waits", "mdata_set_role",
