@@ -15,15 +15,31 @@ from bokeh.layouts import column, row
 from bokeh.models import ColumnDataSource, Div
 from bokeh.plotting import figure
 
-from scheduler_plugins.dashboard.common import JobSelect, colour, hide_on_click, job_message, show
+from scheduler_plugins.dashboard.common import JobSelect, colour, hide_on_click, job_message, plot_title, show
 from scheduler_plugins.dashboard.figures import balance_figures
 
 COLUMNS = ("step", "rank", "rank_label", "cost", "color")
 STEP_COLUMNS = ("step", "lower_bound", "max_cost", "mean_cost", "max_over_lower_bound", "max_over_mean")
 
 
+def cost_title_text(measure: str) -> str:
+    """The first plot's title, naming the measure (``cost`` or ``1F1B makespan``)."""
+    return f"{measure} per DP rank (dots) vs lower bound (line); click a rank in the legend to hide it"
+
+
+def imbalance_title_text(measure: str) -> str:
+    """The second plot's title, naming the measure."""
+    return f"imbalance: max {measure} / lower bound"
+
+
 class BalancePanel:
-    """Per-rank cost per step and imbalance over time for one job."""
+    """Per-rank cost per step and imbalance over time for one job.
+
+    The plots' titles name the measure, which :meth:`update` learns from the job, so the panel
+    keeps its own ``Title`` objects and rewrites their text instead of reading ``fig.title`` back,
+    which is a plain string when a plot is built from one while Bokeh's validation is off
+    (:func:`~scheduler_plugins.dashboard.common.plot_title`).
+    """
 
     def __init__(self, scheduler, job: str | None = None, *, last_steps: int = 1000, **kwargs) -> None:
         self.scheduler = scheduler
@@ -31,8 +47,9 @@ class BalancePanel:
         self.jobs = JobSelect(scheduler, job)
         self.source = ColumnDataSource({c: [] for c in COLUMNS}, name="mdata-balance-ranks")  # (step, rank)
         self.step_source = ColumnDataSource({c: [] for c in STEP_COLUMNS}, name="mdata-balance-steps")
-        self.cost = figure(title="cost per DP rank (dots) vs lower bound (line); click a rank in "
-                           "the legend to hide it", height=300, sizing_mode="stretch_width",
+        self.cost_title = plot_title(cost_title_text("cost"))
+        self.imbalance_title = plot_title(imbalance_title_text("cost"))
+        self.cost = figure(title=self.cost_title, height=300, sizing_mode="stretch_width",
                            x_axis_label="step", y_axis_label="cost", tools="pan,wheel_zoom,reset")
         self.cost.line(x="step", y="lower_bound", color="black", line_width=2, legend_label="lower bound",
                        source=self.step_source)
@@ -40,7 +57,7 @@ class BalancePanel:
                           legend_field="rank_label", source=self.source)
         self.cost.legend.location = "top_left"
         self.cost.legend.orientation = "horizontal"
-        self.imbalance = figure(title="imbalance: max cost / lower bound", height=260,
+        self.imbalance = figure(title=self.imbalance_title, height=260,
                                 sizing_mode="stretch_width", x_axis_label="step",
                                 tools="pan,wheel_zoom,reset")
         # the two ratios often coincide: a wide translucent line under a dashed one shows both
@@ -65,9 +82,8 @@ class BalancePanel:
         label = f"{measure} ({figs['unit']})"
         if self.cost.yaxis[0].axis_label != label:
             self.cost.yaxis[0].axis_label = label
-            self.cost.title.text = (f"{measure} per DP rank (dots) vs lower bound (line); click a "
-                                    "rank in the legend to hide it")
-            self.imbalance.title.text = f"imbalance: max {measure} / lower bound"
+            self.cost_title.text = cost_title_text(measure)
+            self.imbalance_title.text = imbalance_title_text(measure)
         data = {c: [] for c in COLUMNS}
         for step, costs in zip(figs["steps"], figs["per_rank_cost"]):
             for rank, cost in enumerate(costs):

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 from mdata.dashboard_pages import PAGES
 
 if TYPE_CHECKING:
+    from bokeh.models import Title
+
     from scheduler_plugins.job_runtime import JobRuntime
 
 NO_PLANNER = "no mdata Planner on this scheduler (start it with --preload scheduler_plugins.planner)"
@@ -70,6 +72,23 @@ def header(title: str):
     from bokeh.models import Div
 
     return Div(text=header_html(title), name=HEADER_NAME, sizing_mode="stretch_width")
+
+
+def plot_title(text: str) -> "Title":
+    """A plot's title as an explicit Bokeh ``Title``. A page that changes a title later passes it
+    as ``figure(title=...)``, keeps it and writes the kept object's ``text``, never ``fig.title``.
+
+    ``figure(title="...")`` makes a ``Title`` of the string only while Bokeh's property validation
+    is on: ``Property.prepare_value`` converts through ``Plot.title``'s ``accepts(String, ...)``
+    only in its ``if validation_on():`` branch, and otherwise stores the value as given. That
+    switch is one process-wide class attribute (``Property._should_validate``) that distributed
+    turns off around every dashboard refresh (``without_property_validation``) and Bokeh around
+    its own class setup, saving and restoring it without a lock; a plot built while any thread
+    has it off keeps the plain string, and ``fig.title.text`` then raises AttributeError.
+    """
+    from bokeh.models import Title
+
+    return Title(text=text)
 
 
 def hide_on_click(*figures) -> None:
