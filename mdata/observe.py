@@ -139,8 +139,11 @@ class TrainerMeter:
     """How long each trainer rank waited for its batch at each step, and what it consumed.
 
     A wait is the time a rank's request for a step's batch spent blocked because the batch was
-    not built yet: the data pipeline's share of a stalled GPU. Per-step waits are kept for the
-    newest ``keep_steps`` steps of each rank only (totals cover the whole run).
+    not built yet: the data pipeline's share of a stalled GPU. Per-step waits are shown for the
+    newest ``keep_steps`` steps of each rank only (totals cover the whole run). A rank's steps
+    are cut back to the newest ``keep_steps`` when they reach twice that, so a wait costs O(1)
+    amortised: trimming one step at a time scanned every kept step for the oldest, on every
+    rank's every step once a run had passed ``keep_steps`` steps.
     """
 
     def __init__(self, *, keep_steps: int = 1000) -> None:
@@ -158,8 +161,9 @@ class TrainerMeter:
         self._wait[rank] = self._wait.get(rank, 0.0) + float(seconds)
         steps = self._by_step.setdefault(rank, {})
         steps[step] = steps.get(step, 0.0) + float(seconds)
-        while len(steps) > self.keep_steps:
-            del steps[min(steps)]
+        if len(steps) > 2 * self.keep_steps:  # cut back to the newest keep_steps at once
+            for old in sorted(steps)[:-self.keep_steps]:
+                del steps[old]
 
     def consumed(self, rank: int, step: int) -> None:
         """``rank`` acknowledged (consumed) the batch of ``step``."""
@@ -176,7 +180,7 @@ class TrainerMeter:
                 wait_s=self._wait.get(r, 0.0),
                 steps_consumed=self._consumed.get(r, 0),
                 last_step=self._last.get(r, -1),
-                wait_by_step=dict(sorted(self._by_step.get(r, {}).items())),
+                wait_by_step=dict(sorted(self._by_step.get(r, {}).items())[-self.keep_steps:]),
             )
             for r in ranks
         ]

@@ -75,3 +75,15 @@ def test_trainer_meter_keeps_only_the_newest_steps_but_the_whole_total():
     assert r0.wait_by_step == {3: 1.0, 4: 1.0}
     assert r0.wait_s == 5.0
     assert r0.steps_consumed == 0 and r0.last_step == -1
+
+
+def test_trainer_meter_trims_in_bulk_and_still_shows_the_newest_steps():
+    """Kept steps are cut back only when they double (O(1) amortised per wait), and a snapshot
+    shows the newest keep_steps at every moment in between."""
+    meter = TrainerMeter(keep_steps=3)
+    for step in range(20):
+        meter.waited(0, step, 1.0)
+        (r0,) = meter.snapshot()
+        assert sorted(r0.wait_by_step) == list(range(max(0, step - 2), step + 1))
+        assert len(meter._by_step[0]) <= 6
+    assert meter.snapshot()[0].wait_s == 20.0
