@@ -4,8 +4,9 @@ Modelled on distributed's ``worker_state_machine``: the Dask scheduler plugin (o
 :func:`~mdata.planner.simulate`, or a test) feeds :mod:`~mdata.planner.events` to
 :meth:`PlannerState.handle` and carries out the :mod:`~mdata.planner.instructions` it returns.
 Every instruction repeats the ``stimulus_id`` of the event that caused it, and a bounded log keeps
-``(stimulus_id, event, instructions)`` for questions after the fact. Same events in, same
-instructions out.
+each event described with the count of instructions of each kind it caused, for questions after
+the fact (:mod:`~mdata.planner.event_log`: never the objects, which held whole steps alive).
+Same events in, same instructions out.
 
 Life of a step ``s`` (each stage is one collaborator, called from here in this order):
 
@@ -46,6 +47,7 @@ from mdata.planner.assign import StepAssigner
 from mdata.planner.checkpoints import JobIdentity, as_checkpoint, restore_checkpoint, take_checkpoint
 from mdata.planner.chunk_table import ChunkTable, NotLoaded
 from mdata.planner.consumption import consume_by_group
+from mdata.planner.event_log import LogEntry, log_entry
 from mdata.planner.events import (
     BatchConsumed, BatchDelivered, ChunkFailed, ChunkLoaded, MetricsReported, PlannerEvent,
     RanksConsumed, Tick, WorkerLost,
@@ -62,8 +64,6 @@ __all__ = ["PlannerState"]
 
 # acknowledgements arrive by the thousand per step: planning follows only when they free a step
 _ACKNOWLEDGEMENTS = (BatchConsumed, RanksConsumed)
-
-LogEntry = tuple[str, PlannerEvent, tuple[Instruction, ...]]
 
 
 class PlannerState:
@@ -155,7 +155,7 @@ class PlannerState:
             if not isinstance(ev, PlannerEvent):
                 raise TypeError(f"PlannerState.handle takes PlannerEvent values, got {ev!r}")
             instr = self._handle_one(ev)
-            log((ev.stimulus_id, ev, tuple(instr)))
+            log(log_entry(ev, instr))
             out.extend(instr)
         return out
 
