@@ -37,6 +37,7 @@ from mdata.wire.messages import (
     StatusCounters, StatusReply, StorageWaitInfo,
 )
 from mdata.planner.roster import Holder, TrainerRoster
+from mdata.planner.step_history import StepHistory
 from mdata.wire.messages import AttachReply, AttachRequest
 from mdata.wire.host_location import LocationAsk
 from scheduler_plugins import rewind
@@ -104,7 +105,6 @@ class JobRuntime:
         self.batch_ready: dict[tuple[int, int], asyncio.Event] = defaultdict(asyncio.Event)
         # (reason, the typed error when it was an MdataError) per batch that could not be built
         self.batch_errors: dict[tuple[int, int], tuple[str, MdataError | None]] = {}
-        self.step_summaries: dict[int, dict] = {}
         # the Planner's latest decision per source, and every decision with the workers that
         # served the source then (the dashboard's sources page plots them over time)
         self.pool_targets: dict[str, PoolDecision] = {}
@@ -158,6 +158,8 @@ class JobRuntime:
 
         self.chunk_wait_s = config.seconds("constructor.chunk-wait")
         self.history_steps = max(1, int(config.get("planner.history-steps")))
+        # step -> its summary's dict (expanded when read; kept compact: mdata.planner.step_history)
+        self.step_summaries = StepHistory(state.names, self.history_steps)
 
     # -- events in -------------------------------------------------------------------------------
     async def handle(self, *events) -> None:
@@ -449,10 +451,7 @@ class JobRuntime:
             fut.release()  # the last group of its part
 
     def _step_ready(self, ins: "ps.StepReady") -> None:
-        self.step_summaries[ins.step] = ins.summary.to_dict(self.view.names)
-        # a long run plans millions of steps: keep the recent ones (steps arrive in order)
-        while len(self.step_summaries) > self.history_steps:
-            self.step_summaries.pop(next(iter(self.step_summaries)))
+        self.step_summaries.add(ins.summary)  # compact; trimmed to the newest history-steps
 
     def _pool_target(self, ins: "ps.PoolTarget") -> None:
         decision = ins.decision
@@ -642,8 +641,7 @@ class JobRuntime:
             job=self.job,
             failure=self.failure,
             uptime_s=time.time() - self.started,
-            steps={str(k): v for k, v in sorted(self.step_summaries.items())[-max_steps:]}
-            if max_steps > 0 else {},
+            steps={str(k): self.step_summaries[k] for k in self.step_summaries.newest(max_steps)},
             pool_targets=dict(self.pool_targets),
             chunks_in_memory=len(self.chunk_futures),
             batches_in_memory=len(self.batch_futures),
