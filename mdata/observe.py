@@ -11,10 +11,12 @@ sliding window of recent loads and per-step waits keep only the newest steps.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-__all__ = ["SourceMeter", "SourceFigures", "TrainerMeter", "TrainerFigures"]
+import numpy as np
+
+__all__ = ["SourceMeter", "SourceFigures", "LoadHistory", "TrainerMeter", "TrainerFigures"]
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,11 @@ class SourceMeter:
         while self._recent and self._recent[0][0] <= horizon:
             self._recent.popleft()
 
+    def totals(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every source's samples loaded so far and load tasks outstanding, as two arrays in the
+        plan's source order (what :class:`LoadHistory` samples, without a figure per source)."""
+        return np.array(self._loaded, np.int64), np.array(self._backlog, np.int64)
+
     def snapshot(self, now: float) -> list[SourceFigures]:
         """Figures of every source, in the plan's source order."""
         self._trim(now)
@@ -117,6 +124,57 @@ class SourceMeter:
             )
             for i, name in enumerate(self.names)
         ]
+
+
+class LoadHistory:
+    """Per source, samples loaded so far and load tasks outstanding, sampled over time (once a
+    second by the runtime) for the newest ``keep`` samples: the dashboard's loads-over-time.
+
+    A sample keeps only the sources whose figures changed since the one before (and the oldest
+    kept sample is whole), so a sample costs what changed, not one figure per source: kept as
+    two tuples per sample, an hour of samples at 10,000 sources held about 1 GB, most of it
+    sources that loaded nothing that second. Iterating gives every sample whole, oldest first.
+    """
+
+    def __init__(self, sources: int, *, keep: int = 3600) -> None:
+        self.keep = max(1, int(keep))
+        self._base_time: float | None = None  # the oldest kept sample, whole
+        self._base = (np.zeros(sources, np.int64), np.zeros(sources, np.int64))
+        self._last = (self._base[0].copy(), self._base[1].copy())  # the newest, whole
+        # later samples: (time, sources that changed, their loaded, their outstanding)
+        self._changes: deque[tuple[float, np.ndarray, np.ndarray, np.ndarray]] = deque()
+
+    def add(self, t: float, loaded: np.ndarray, backlog: np.ndarray) -> None:
+        """Sample every source's ``loaded`` and ``backlog`` (arrays in source order) at ``t``."""
+        loaded = np.asarray(loaded, np.int64)
+        backlog = np.asarray(backlog, np.int64)
+        if self._base_time is None:
+            self._base_time = float(t)
+            self._base = (loaded.copy(), backlog.copy())
+        else:
+            changed = np.flatnonzero((loaded != self._last[0]) | (backlog != self._last[1]))
+            self._changes.append((float(t), changed, loaded[changed], backlog[changed]))
+            if len(self._changes) >= self.keep:  # fold the oldest change into the base
+                t0, idx, ld, bl = self._changes.popleft()
+                self._base_time = t0
+                self._base[0][idx] = ld
+                self._base[1][idx] = bl
+        self._last = (loaded.copy(), backlog.copy())
+
+    def __len__(self) -> int:
+        return 0 if self._base_time is None else 1 + len(self._changes)
+
+    def __iter__(self) -> Iterator[tuple[float, np.ndarray, np.ndarray]]:
+        """``(time, loaded, outstanding)`` of every kept sample, oldest first (each its own
+        arrays)."""
+        if self._base_time is None:
+            return
+        loaded, backlog = self._base[0].copy(), self._base[1].copy()
+        yield self._base_time, loaded.copy(), backlog.copy()
+        for t, idx, ld, bl in list(self._changes):
+            loaded[idx] = ld
+            backlog[idx] = bl
+            yield t, loaded.copy(), backlog.copy()
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ import numpy as np
 from mdata import planner as ps
 from mdata.data_waits import DataWaitLedger
 from mdata.errors import MdataError
-from mdata.observe import SourceMeter, TrainerMeter
+from mdata.observe import LoadHistory, SourceMeter, TrainerMeter
 from mdata.sources import SourceStorageWait
 from mdata.sources.shards import ListingExpectations
 from mdata.wire.messages import (
@@ -63,6 +63,20 @@ CONSTRUCTOR_RESOURCE = "mdata_constructor"
 def pool_resource(source_name: str) -> str:
     """The Dask worker resource that marks a worker as a loader of ``source_name``."""
     return f"pool_{source_name}"
+
+
+def pool_threads(workers, index: dict[str, int]) -> tuple[int, ...]:
+    """Per source (``index``: its pool resource -> position), the loader threads of one worker
+    of its pool (the largest amount of ``pool_<source>`` a worker holds; 0: no worker). One pass
+    over the workers' resources, not one per source over every worker (10,000 sources times
+    the workers, once a second)."""
+    threads = [0] * len(index)
+    for ws in workers:
+        for name, amount in ws.resources.items():
+            i = index.get(name)
+            if i is not None and amount > threads[i]:
+                threads[i] = int(amount)
+    return tuple(threads)
 
 
 class JobRuntime:
@@ -111,8 +125,9 @@ class JobRuntime:
         self.pool_history: deque[tuple[PoolDecision, int]] = deque(maxlen=4000)
         self.scaler_status = None  # the autoscaler's last report (set by the Planner plugin)
         self._pool_inputs: tuple[float, tuple[int, ...], float] = (-1.0, (), 0.0)
-        # (wall time, loaded samples, load tasks outstanding) per source, once a second
-        self.source_history: deque[tuple[float, tuple[int, ...], tuple[int, ...]]] = deque(maxlen=3600)
+        # (wall time, loaded samples, load tasks outstanding) per source, once a second, an hour
+        self.source_history = LoadHistory(len(plan.source_names), keep=3600)
+        self._pool_index = {pool_resource(n): i for i, n in enumerate(plan.source_names)}
         self.failure: str | None = None
         self.failure_error: MdataError | None = None  # what failed the job, when typed
         self.failed = asyncio.Event()
@@ -277,15 +292,12 @@ class JobRuntime:
         own waits, not the prefetchers' long polls)."""
         then, threads, waited = self._pool_inputs
         if now - then >= 1.0:
-            amounts = [ws.resources for ws in self.scheduler.workers.values()]
-            threads = tuple(int(max((r.get(pool_resource(n), 0) for r in amounts), default=0))
-                            for n in self.plan.source_names)
+            threads = pool_threads(self.scheduler.workers.values(), self._pool_index)
             stalls = self.stalled_seconds
             waited = sum(stalls.values()) / len(stalls) if stalls else 0.0
             self._pool_inputs = (now, threads, waited)
-            figs = self.source_meter.snapshot(now)  # the dashboard's loads-over-time, same pace
-            self.source_history.append((time.time(), tuple(f.loaded_samples for f in figs),
-                                        tuple(f.backlog_chunks for f in figs)))
+            # the dashboard's loads-over-time, same pace
+            self.source_history.add(time.time(), *self.source_meter.totals())
         return threads, waited
 
     def pool_workers(self, source: str) -> int:

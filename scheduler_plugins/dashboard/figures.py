@@ -16,6 +16,8 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from mdata.cost import cost_unit
 from mdata.planner.quarantine import describe_quarantine
 from mdata.sources import describe_storage_wait
@@ -100,18 +102,26 @@ def pools_timeline(runtime: "JobRuntime", *, smooth_s: float = 5.0) -> dict[str,
     decisions that changed a target (time, source, from, to, kind, reason)."""
     names = list(runtime.view.names)
     t0 = runtime.started
-    hist = list(runtime.source_history)
+    hist = list(runtime.source_history)  # (wall time, loaded, outstanding) arrays per sample
     times = [t - t0 for t, _, _ in hist]
-    rate = {n: [] for n in names}
-    backlog = {n: [] for n in names}
-    j = 0
-    for k, (t, loaded, waiting) in enumerate(hist):
-        while j < k - 1 and hist[j + 1][0] <= t - smooth_s:
-            j += 1
-        span = t - hist[j][0]
+    rate: dict[str, list] = {n: [] for n in names}
+    backlog: dict[str, list] = {n: [] for n in names}
+    if hist:
+        at = np.array([t for t, _, _ in hist])
+        loaded = np.stack([h[1] for h in hist]).astype(np.float64)  # samples x sources
+        waiting = np.stack([h[2] for h in hist])
+        since = np.zeros(at.size, np.int64)  # per sample: the one smooth_s seconds before it
+        j = 0
+        for k in range(at.size):
+            while j < k - 1 and at[j + 1] <= at[k] - smooth_s:
+                j += 1
+            since[k] = j
+        span = at - at[since]
+        per_s = (loaded - loaded[since]) / np.where(span > 0, span, 1.0)[:, None]
+        per_s[span <= 0] = 0.0
         for i, n in enumerate(names):
-            rate[n].append((loaded[i] - hist[j][1][i]) / span if span > 0 else 0.0)
-            backlog[n].append(waiting[i])
+            rate[n] = per_s[:, i].tolist()
+            backlog[n] = waiting[:, i].tolist()
     pools = {n: {"time": [], "workers": [], "target": [], "demand": []} for n in names}
     decisions: dict[str, list] = {k: [] for k in ("time", "source", "current", "target", "kind",
                                                   "reason", "by")}

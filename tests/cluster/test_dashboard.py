@@ -316,6 +316,10 @@ def test_sources_panel_shows_loads_backlog_and_pool_targets(mdata_cluster, job):
     status, pools = get_json(mdata_cluster, f"mdata/api/{JOB}/pools")
     assert status == 200 and pools["sources"] == names
     assert set(pools["pools"]) == set(names) and all(pools["pools"][n]["demand"][0] > 0 for n in names)
+    # loads over time: one figure per source per second sampled, the job's loads seen in them
+    assert pools["time"] and all(len(pools["samples_per_s"][n]) == len(pools["time"]) and
+                                 len(pools["backlog"][n]) == len(pools["time"]) for n in names)
+    assert any(rate > 0 for n in names for rate in pools["samples_per_s"][n])
 
 
 def test_lineage_panel_and_route_tell_the_same_story(mdata_cluster, job):

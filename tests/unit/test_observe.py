@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from mdata.observe import SourceMeter, TrainerMeter
@@ -87,3 +88,31 @@ def test_trainer_meter_trims_in_bulk_and_still_shows_the_newest_steps():
         assert sorted(r0.wait_by_step) == list(range(max(0, step - 2), step + 1))
         assert len(meter._by_step[0]) <= 6
     assert meter.snapshot()[0].wait_s == 20.0
+
+
+def test_load_history_gives_back_every_sample_whole_and_keeps_only_changes():
+    from mdata.observe import LoadHistory
+
+    history = LoadHistory(4, keep=3)
+    samples = [(10.0, [0, 0, 0, 0], [1, 0, 0, 0]), (11.0, [5, 0, 0, 0], [0, 0, 0, 0]),
+               (12.0, [5, 0, 0, 0], [0, 0, 0, 0]), (13.0, [5, 7, 0, 0], [0, 1, 0, 0]),
+               (14.0, [9, 7, 0, 3], [0, 0, 0, 2])]
+    for n, (t, loaded, backlog) in enumerate(samples, 1):
+        history.add(t, np.array(loaded), np.array(backlog))
+        assert len(history) == min(n, 3)
+        got = [(t, a.tolist(), b.tolist()) for t, a, b in history]
+        assert got == [(t, list(l), list(b)) for t, l, b in samples[max(0, n - 3):n]]
+    # a sample stores only the sources that changed since the one before
+    assert [c[1].tolist() for c in history._changes] == [[1], [0, 1, 3]]
+    assert [c[1].tolist() for c in LoadHistory(4)._changes] == []
+
+
+def test_source_meter_totals_are_its_figures():
+    meter = SourceMeter(["a", "b"], now=0.0)
+    meter.requested("a", rows=10)
+    meter.requested("b", rows=10)
+    meter.loaded("b", rows=10, samples=8, seconds=0.1, now=1.0)
+    loaded, backlog = meter.totals()
+    figs = meter.snapshot(1.0)
+    assert loaded.tolist() == [f.loaded_samples for f in figs] == [0, 8]
+    assert backlog.tolist() == [f.backlog_chunks for f in figs] == [1, 0]
