@@ -115,6 +115,15 @@ class PoolSizer:
         if threads >= 1:
             self.threads[source_index] = int(threads)
 
+    def observe_all_threads(self, threads) -> None:
+        """:meth:`observe_threads` for every source at once (``threads`` in source order): one
+        array operation per Planner tick, not a call per source (10,000 sources, 20 ticks a
+        second)."""
+        t = np.asarray(threads, dtype=np.int64)
+        if t.size:
+            known = t >= 1
+            self.threads[: t.size][known] = t[known]
+
     def observe_progress(self, now: float, consumed_steps: int, waited_s: float = 0.0) -> None:
         """By ``now`` (seconds, any monotonic clock) trainers consumed ``consumed_steps`` steps
         and each waited ``waited_s`` seconds for batches in all (the mean over ranks)."""

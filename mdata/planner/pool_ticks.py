@@ -27,8 +27,7 @@ def pool_targets_on_tick(state: "PlannerState", ev: Tick) -> list[PoolTarget]:
     if ev.now is None:
         return []
     sizer = state.pool_sizer
-    for i, threads in enumerate(ev.pool_threads):
-        sizer.observe_threads(i, threads)
+    sizer.observe_all_threads(ev.pool_threads)
     sizer.observe_progress(ev.now, state.consumed_step, ev.waited_s)
     return [PoolTarget(d, stimulus_id=ev.stimulus_id) for d in sizer.decide(
         ev.now, state.provisioner.last_weights, state.global_batch, ahead=weights_ahead(state),

@@ -184,3 +184,16 @@ def test_a_first_slow_load_does_not_size_the_pool():
     for _ in range(4):
         sizer.observe_load(0, 10, 0.1)
     assert sizer.sec_per_sample[0] == pytest.approx(0.01)
+
+
+def test_every_sources_threads_at_once_are_each_sources_threads():
+    """A tick passes every source's threads; 0 (no worker seen) keeps what was known."""
+    one, each = PoolSizer(("a", "b", "c")), PoolSizer(("a", "b", "c"))
+    for threads in [(2, 0, 3), (0, 4, 1)]:
+        one.observe_all_threads(threads)
+        for i, t in enumerate(threads):
+            each.observe_threads(i, t)
+        assert one.threads.tolist() == each.threads.tolist()
+    assert one.threads.tolist() == [2, 4, 1]
+    one.observe_all_threads(())  # no pools known yet
+    assert one.threads.tolist() == [2, 4, 1]
