@@ -28,6 +28,7 @@ from types import MappingProxyType
 from typing import Any
 
 from mdata.errors import CheckpointError
+from mdata.wire.packed_checkpoint import PackedCheckpoint
 
 __all__ = ["PlannerView"]
 
@@ -65,7 +66,8 @@ class PlannerView:
         }
         for step in balanced:
             try:
-                kept[int(step) + 1] = state.checkpoint(int(step) + 1, light=True).to_dict()
+                kept[int(step) + 1] = PackedCheckpoint(  # packed once for every message
+                    state.checkpoint(int(step) + 1, light=True).to_dict())
             except CheckpointError:  # consumed already in this same batch of events: not needed
                 pass
         names = tuple(state.names)

@@ -24,6 +24,7 @@ from mdata.wire.codec import (
 )
 from mdata.wire.errors import bad_field, error_from_msg, error_to_msg
 from mdata.wire.jobs import OkReply, read_checkpoint
+from mdata.wire.packed_checkpoint import checkpoint_msg
 
 __all__ = [
     "BatchLocationRequest", "BatchLocation", "BatchLocationReply", "AckRequest",
@@ -51,7 +52,7 @@ class BatchLocation(Message):
     def to_msg(self) -> dict[str, Any]:
         return {"key": key_msg(self.key), "who_has": list(self.who_has), "cp_rank": self.cp_rank,
                 "receives_tokens": self.receives_tokens, "receives_labels": self.receives_labels,
-                "checkpoint": self.checkpoint, "dp_rank": self.dp_rank}
+                "checkpoint": checkpoint_msg(self.checkpoint), "dp_rank": self.dp_rank}
 
     @classmethod
     def read(cls, r: Reader) -> "BatchLocation":

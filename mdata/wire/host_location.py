@@ -23,6 +23,7 @@ from mdata.wire.codec import (
 from mdata.errors import MdataError
 from mdata.wire.delivery import BatchLocationReply, read_told, read_waits, told_msg
 from mdata.wire.errors import error_from_msg, error_to_msg
+from mdata.wire.packed_checkpoint import checkpoint_msg, unpacked
 
 __all__ = ["LocationAsk", "HostLocationRequest", "HostLocationReply", "ConsumedTell",
            "ConsumedRequest", "ConsumedReply"]
@@ -69,7 +70,7 @@ class HostLocationReply(Message):
             if mine is not None and (mine is shared or mine == shared):
                 del out["checkpoint"]  # sent once, below
             answers.append(out)
-        out = {"answers": answers, "checkpoint": shared}
+        out = {"answers": answers, "checkpoint": checkpoint_msg(shared)}
         if self.pushing:
             out["pushing"] = True
         if self.tells:
@@ -79,7 +80,7 @@ class HostLocationReply(Message):
     @classmethod
     def from_msg(cls, msg: Any) -> "HostLocationReply":
         r = Reader(cls.__name__, msg)
-        shared = r.raw("checkpoint", None)
+        shared = unpacked(r.raw("checkpoint", None))
         if shared is not None:
             check_dict(shared, r, "checkpoint")
 

@@ -18,6 +18,7 @@ from mdata.mesh import ClientPlaceTree
 from mdata.wire.codec import (
     Handler, Message, Reader, Request, Status, check_bool, check_dict, check_str, plain,
 )
+from mdata.wire.packed_checkpoint import unpacked
 
 __all__ = [
     "OkReply", "RegisterJobRequest", "JobInfoRequest", "JobInfo", "MeshShape", "JobsRequest",
@@ -58,7 +59,7 @@ def read_resume_flags(r: Reader) -> dict[str, bool]:
 def read_checkpoint(value: Any, r: Reader, name: str) -> Checkpoint:
     """A checkpoint dict inside a reply, checked by :meth:`Checkpoint.from_dict`."""
     try:
-        return Checkpoint.from_dict(check_dict(value, r, name))
+        return Checkpoint.from_dict(check_dict(unpacked(value), r, name))
     except CheckpointError as exc:
         raise r.fail(name, f"is not a checkpoint: {exc}") from None
 

@@ -25,6 +25,7 @@ from mdata.wire.codec import (
 )
 from mdata.wire.delivery import BatchLocation
 from mdata.wire.jobs import read_checkpoint
+from mdata.wire.packed_checkpoint import checkpoint_msg
 
 __all__ = ["PUSH_OP", "PushedGroup", "LocationPush"]
 
@@ -81,7 +82,7 @@ class LocationPush(Message):
     def to_msg(self) -> dict[str, Any]:
         return {"job": self.job, "generation": self.generation,
                 "groups": [g.to_msg() for g in self.groups],
-                "checkpoints": [[int(s), c] for s, c in self.checkpoints.items()],
+                "checkpoints": [[int(s), checkpoint_msg(c)] for s, c in self.checkpoints.items()],
                 "reset": self.reset}
 
     @classmethod

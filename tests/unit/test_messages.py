@@ -514,3 +514,46 @@ def test_resume_options_are_false_when_a_sender_leaves_them_out():
     assert not m.AttachRequest.from_msg(attach).allow_mixture_change
     with pytest.raises(MessageError, match=r"'allow_mixture_change' must be true or false"):
         m.AttachRequest.from_msg({**attach, "allow_mixture_change": "yes"})
+
+
+def test_a_packed_checkpoint_travels_as_its_bytes_and_reads_back_as_the_plain_one():
+    """The scheduler packs a step's checkpoint once (mdata.wire.packed_checkpoint): a push, a
+    host reply and a single location carry the bytes, copied as they are by Dask's encoder,
+    and each reads back exactly what the same message with the plain dict gives."""
+    from distributed.protocol import dumps, loads
+
+    from mdata.wire.packed_checkpoint import PackedCheckpoint
+
+    plain = checkpoint().to_dict()
+    packed = PackedCheckpoint(plain)
+    assert packed == plain and isinstance(packed.packed, bytes)
+
+    def both(make):
+        """The message read back after Dask's own encoding, with the packed and plain dict."""
+        return [type(m).from_msg(loads(dumps(m.to_msg()))) for m in (make(packed), make(plain))]
+
+    push = lambda c: m.LocationPush(job="pretrain", generation=1, groups=(  # noqa: E731
+        m.PushedGroup(5, 1, ("mdata-construct", "pretrain", 1, 5, 1), ("tcp://10.0.0.1:4000",),
+                      ((2, 0, True, True),)),), checkpoints={5: c})
+    got, want = both(push)
+    assert got == want and got.checkpoints[5] == plain
+    assert push(packed).to_msg()["checkpoints"][0][1] is packed.packed  # packed once, not per message
+
+    located = lambda c: m.BatchLocation(key=("mdata-construct", "job", 3, 1),  # noqa: E731
+                                        who_has=("tcp://10.0.0.1:4000",), cp_rank=1,
+                                        receives_tokens=True, receives_labels=False,
+                                        checkpoint=c, dp_rank=2)
+    host = lambda c: m.HostLocationReply((m.BatchLocationReply(m.Status.OK, located(c)),  # noqa: E731
+                                          m.BatchLocationReply(m.Status.TIMEOUT)))
+    got, want = both(host)
+    assert got == want and got.answers[0].location.checkpoint == plain
+    single = lambda c: m.BatchLocationReply(m.Status.OK, located(c))  # noqa: E731
+    got, want = both(single)
+    assert got == want
+
+
+def test_undecodable_packed_checkpoint_bytes_are_a_message_error_naming_the_field():
+    raw = m.LocationPush(job="pretrain", generation=1, groups=(), checkpoints={}).to_msg()
+    raw["checkpoints"] = [[5, b"\xc1 not msgpack"]]
+    with pytest.raises(MessageError, match="checkpoints"):
+        m.LocationPush.from_msg(raw)
