@@ -159,6 +159,24 @@ class ConsumedTell(Message):
 
     @classmethod
     def from_msg(cls, msg: Any) -> "ConsumedTell":
+        """Thousands arrive per step at scale (one per rank): a tell whose every field has its
+        plain type is taken as it is; anything else goes through the checked reading below,
+        which reads the same values or names the field at fault."""
+        if type(msg) is dict and msg.keys() <= _TELL_FIELDS:
+            rank, steps, token = msg.get("rank"), msg.get("steps"), msg.get("token", "")
+            generation, stalled = msg.get("generation", 0), msg.get("stalled_s", -1.0)
+            waits, waited = msg.get("waits", ()), msg.get("waited", ())
+            if (type(rank) is int and type(token) is str and type(generation) is int
+                    and type(stalled) is float and type(steps) in _SEQ and type(waits) in _SEQ
+                    and type(waited) in _SEQ and all(type(s) is int for s in steps)
+                    and all(type(w) is float for w in waits) and all(type(w) is float for w in waited)
+                    and (not waits or len(waits) == len(steps))
+                    and (not waited or len(waited) == len(steps))):
+                return cls(rank, tuple(steps), token, generation, stalled, tuple(waits), tuple(waited))
+        return cls._read(msg)
+
+    @classmethod
+    def _read(cls, msg: Any) -> "ConsumedTell":
         r = Reader(cls.__name__, msg)
         steps = r.list("steps", check_int)
         out = cls(r.int("rank"), steps,
@@ -171,6 +189,20 @@ class ConsumedTell(Message):
         if out.waited and len(out.waited) != len(out.steps):
             raise r.fail("waited", f"has {len(out.waited)} entries for {len(out.steps)} steps")
         return out
+
+
+def read_tells(r: Reader) -> tuple[ConsumedTell, ...]:
+    """The ``tells`` of a message of several ranks' consumption (one per rank: no per-item
+    field name is made, a bad tell's error names its own field)."""
+    tells = r.raw("tells")
+    if type(tells) not in _SEQ:
+        return r.list("tells", lambda value, _r, _name: ConsumedTell.from_msg(value))  # its error
+    return tuple(map(ConsumedTell.from_msg, tells))
+
+
+#: A tell's fields, and the sequence types a decoded message has (Dask decodes lists as tuples).
+_TELL_FIELDS = frozenset({"rank", "steps", "token", "generation", "stalled_s", "waits", "waited"})
+_SEQ = (list, tuple)
 
 
 @dataclass(frozen=True)
@@ -208,6 +240,6 @@ class ConsumedRequest(Request):
     @classmethod
     def from_msg(cls, msg: Any) -> "ConsumedRequest":
         r = Reader(cls.__name__, msg)
-        out = cls(r.str("job"), r.list("tells", lambda value, _r, _name: ConsumedTell.from_msg(value)))
+        out = cls(r.str("job"), read_tells(r))
         r.done()
         return out

@@ -24,7 +24,7 @@ from typing import Any
 from mdata.errors import MdataError
 from mdata.wire.codec import Message, Reader
 from mdata.wire.errors import error_from_msg, error_to_msg
-from mdata.wire.host_location import ConsumedTell
+from mdata.wire.host_location import ConsumedTell, read_tells
 
 __all__ = ["TELL_OP", "CONFIRM_OP", "StreamedTells", "TellsConfirmed"]
 
@@ -50,7 +50,7 @@ class StreamedTells(Message):
     def from_msg(cls, msg: Any) -> "StreamedTells":
         r = Reader(cls.__name__, msg)
         out = cls(r.str("job"), r.int("seq"),
-                  r.list("tells", lambda value, _r, _name: ConsumedTell.from_msg(value)))
+                  read_tells(r))
         r.done()
         return out
 

@@ -557,3 +557,31 @@ def test_undecodable_packed_checkpoint_bytes_are_a_message_error_naming_the_fiel
     raw["checkpoints"] = [[5, b"\xc1 not msgpack"]]
     with pytest.raises(MessageError, match="checkpoints"):
         m.LocationPush.from_msg(raw)
+
+
+@pytest.mark.parametrize("msg", [
+    {"rank": 3, "steps": (4, 5), "token": "t", "generation": 1, "stalled_s": 0.5},
+    {"rank": 3, "steps": [4], "token": "t", "generation": 1, "stalled_s": 0.5, "waits": [0.1], "waited": [0.2]},
+    {"rank": 3, "steps": (4,)},  # defaults
+    {"rank": 3, "steps": (4,), "stalled_s": 1},  # an int where a number goes: read as a float
+    {"rank": 3, "steps": (4,), "waits": (1,)},
+    {"rank": np.int64(3), "steps": (4,)},
+], ids=["plain", "lists", "defaults", "int stall", "int wait", "numpy rank"])
+def test_a_tell_taken_as_it_is_reads_what_the_checked_reading_reads(msg):
+    """Tells of plain types skip the field-by-field checks (thousands a step at scale); the
+    result is the checked reading's, and anything else is read by it."""
+    assert m.ConsumedTell.from_msg(msg) == m.ConsumedTell._read(msg)
+
+
+@pytest.mark.parametrize("msg, match", [
+    ({"rank": True, "steps": (4,)}, "field 'rank' must be an integer"),
+    ({"rank": 3, "steps": (4,), "extra": 1}, "'extra' is not a field"),
+    ({"rank": 3, "steps": (4, 5), "waited": (0.1,)}, "'waited' has 1 entries for 2 steps"),
+    ({"rank": 3, "steps": ("4",)}, r"steps\[0\]' must be an integer"),
+    ({"steps": (4,)}, "'rank' is missing"),
+])
+def test_a_bad_tell_still_gets_the_checked_readings_error(msg, match):
+    with pytest.raises(MessageError, match=match):
+        m.ConsumedTell.from_msg(msg)
+    with pytest.raises(MessageError, match=match):
+        m.ConsumedRequest.from_msg({"job": "j", "tells": [msg]})
