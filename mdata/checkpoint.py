@@ -87,8 +87,8 @@ class Checkpoint:
             "fingerprint": self.fingerprint,
             "step": int(self.step),
             "sources": list(self.sources),
-            "cursors": {k: int(v) for k, v in self.cursors.items()},
-            "epochs": {k: int(v) for k, v in self.epochs.items()},
+            "cursors": dict(zip(self.cursors, map(int, self.cursors.values()))),
+            "epochs": dict(zip(self.epochs, map(int, self.epochs.values()))),
             "apportioner": _jsonable(self.apportioner),
             "seed": int(self.seed),
             "mixture": _jsonable(self.mixture),
@@ -179,5 +179,32 @@ class Checkpoint:
 
 
 def _jsonable(value: Any) -> Any:
-    """Round-trip through JSON so the stored form never shares mutable state with the caller."""
-    return json.loads(json.dumps(value))
+    """Round-trip through JSON so the stored form never shares mutable state with the caller.
+
+    A checkpoint is built for every step the trainers may stop at, and its apportioner holds a
+    float per source: values of plain JSON types (string keys; lists, tuples, str, int, float,
+    bool, None) are copied as the round trip would give them, the rest goes through JSON."""
+    plain = _plain_copy(value)
+    return json.loads(json.dumps(value)) if plain is _NOT_PLAIN else plain
+
+
+_NOT_PLAIN = object()
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def _plain_copy(value: Any) -> Any:
+    """A copy of ``value`` as ``json.loads(json.dumps(value))`` gives it, or ``_NOT_PLAIN``."""
+    kind = type(value)
+    if kind in _SCALARS:
+        return value
+    if kind is list or kind is tuple:
+        if all(type(v) in _SCALARS for v in value):
+            return list(value)
+        out = [_plain_copy(v) for v in value]
+        return _NOT_PLAIN if any(v is _NOT_PLAIN for v in out) else out
+    if kind is dict:
+        if not all(type(k) is str for k in value):
+            return _NOT_PLAIN  # JSON turns other keys into strings
+        out = {k: _plain_copy(v) for k, v in value.items()}
+        return _NOT_PLAIN if any(v is _NOT_PLAIN for v in out.values()) else out
+    return _NOT_PLAIN

@@ -68,3 +68,23 @@ def test_bad_checkpoint_dicts(change, message):
         Checkpoint.from_dict(data)
     with pytest.raises(CheckpointError, match="not valid JSON"):
         Checkpoint.from_json("{")
+
+
+@pytest.mark.parametrize("value", [
+    {"carry": [0.25, -0.0, 1e300, float("inf"), float("nan"), 3]},
+    {"state": {}, "history": [[1, 2.5], (3, "x")], "pinned": {"5": (0.5, 0.5)}, "flag": True, "none": None},
+    {"steps": {1: [0.5]}},  # an int key: JSON makes it a string
+    [1, (2, [3, {"a": (4,)}])],
+    {"x": __import__("numpy").float64(0.5)},  # not a plain type: through JSON (float subclass)
+])
+def test_the_plain_copy_of_a_checkpoint_value_is_its_json_round_trip(value):
+    """Checkpoint values are copied without JSON when they hold only plain JSON types (a float
+    per source in every step's checkpoint); the copy is what the round trip gives, in every
+    case, and shares nothing with the value."""
+    from mdata.checkpoint import _jsonable
+
+    got = _jsonable(value)
+    want = json.loads(json.dumps(value))
+    assert json.dumps(got) == json.dumps(want) and type(got) is type(want)
+    if isinstance(value, dict) and "carry" in value:
+        assert got["carry"] is not value["carry"]
