@@ -585,3 +585,28 @@ def test_a_bad_tell_still_gets_the_checked_readings_error(msg, match):
         m.ConsumedTell.from_msg(msg)
     with pytest.raises(MessageError, match=match):
         m.ConsumedRequest.from_msg({"job": "j", "tells": [msg]})
+
+
+def test_a_packed_checkpoint_sends_its_per_source_maps_as_lists_aligned_with_its_sources():
+    """The names travel once (in ``sources``), not again as the keys of every per-source map;
+    a checkpoint whose maps do not follow ``sources`` is packed as it is."""
+    import msgpack as mp
+
+    from mdata.wire.packed_checkpoint import ALIGNED, PackedCheckpoint, unpacked
+
+    names = [f"source-{i:05d}" for i in range(2000)]
+    plain = Checkpoint(fingerprint="f00d", step=4, sources=tuple(names),
+                       cursors={n: i for i, n in enumerate(names)}, epochs=dict.fromkeys(names, 0),
+                       apportioner={"carry": [0.5] * len(names)}, seed=7).to_dict()
+    packed = PackedCheckpoint(plain)
+    assert mp.unpackb(packed.packed, raw=False)[0] == ALIGNED
+    assert len(packed.packed) < 0.7 * len(mp.packb(plain, use_bin_type=True))
+    assert unpacked(packed.packed) == through_msgpack(plain)
+    assert list(unpacked(packed.packed)["cursors"]) == names  # the maps' order kept
+
+    shuffled = {**plain, "epochs": dict(reversed(list(plain["epochs"].items())))}
+    assert isinstance(mp.unpackb(PackedCheckpoint(shuffled).packed, raw=False), dict)
+    assert unpacked(PackedCheckpoint(shuffled).packed) == through_msgpack(shuffled)
+    short = mp.packb([ALIGNED, {**plain, "cursors": [1, 2]}], use_bin_type=True)
+    with pytest.raises(MessageError, match="checkpoint"):
+        m.LocationPush.from_msg({"job": "j", "generation": 1, "groups": [], "checkpoints": [[4, short]]})
