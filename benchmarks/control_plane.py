@@ -48,6 +48,10 @@ Figures (``control.*``):
   world, and ``scheduler_messages_per_step_push`` / ``_poll`` count on the scheduler (the
   Planner's counters) the location requests, consumption requests and pushes it handled per
   step there;
+* ``consume_us_per_rank``: the scheduler's loop per rank in reading and taking one message of
+  every rank's consumption tell, at the largest fixed-DP world, measured alone on the same
+  scheduler (:mod:`benchmarks.control_consume`): the per-rank work without the trainer threads
+  that share this machine's cores;
 * ``steps_per_s_<n>``: steps per second the ranks reached (bounded here by 2 shared cores, not by
   the protocol alone).
 
@@ -67,6 +71,7 @@ import time
 from pathlib import Path
 
 from benchmarks.control_cluster import cluster as _cluster
+from benchmarks.control_consume import consume_us_per_rank
 from benchmarks.harness import figure
 
 __all__ = ["run", "sweep_point"]
@@ -358,6 +363,9 @@ def run(quick: bool) -> dict:
         # of one client asked together), measured in the same run
         alone = sweep_point(address, proc.pid, sources, n=fixed[-1], dp=dp, steps=steps,
                             job=f"control-{fixed[-1]}-alone", gather_s=0.0, push=False)
+        # the per-rank part alone, on the same scheduler (benchmarks.control_consume)
+        consume = consume_us_per_rank(address, sources, ranks=fixed[-1], dp=dp,
+                                      job=f"control-{fixed[-1]}-consume")
     base, per_rank = _slope([(p["n"], p["cpu_ms_per_step"]) for p in points])
     _, per_rank_and_group = _slope([(p["n"], p["cpu_ms_per_step"]) for p in group_points])
     per_group_ms = max(0.0, per_rank_and_group - per_rank)
@@ -411,6 +419,12 @@ def run(quick: bool) -> dict:
             else float("nan"),
             goal="> 1", note=f"scheduler CPU per step at N={top['n']}, long polls: ranks asking alone / per host"),
     }
+    figures["control.consume_us_per_rank"] = figure(
+        consume["us_per_rank"], unit="us",
+        note=(f"the scheduler's loop reading and taking one message of every rank's consumption "
+              f"tell, per rank, N={consume['ranks']} (DP {consume['dp']}), median of "
+              f"{len(consume['per_step_us'])} steps; x 16,384 ranks = "
+              f"{consume['us_per_rank'] * 16384 / 1e3:.0f} ms per step"))
     figures["control.fixed_dp"] = dp  # the DP size of the fixed-DP sweep (e2e fits its costs)
     for p in points:
         figures[f"control.scheduler_cpu_ms_per_step_{p['n']}"] = figure(p["cpu_ms_per_step"], unit="ms",

@@ -27,7 +27,7 @@ Pure: no clock of its own (times are arguments), no Dask.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Collection, Hashable, Iterable, Mapping
+from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 __all__ = ["DataWait", "DataWaitLedger", "attribute", "UNKNOWN"]
@@ -126,6 +126,28 @@ class DataWaitLedger:
                                         or self._count > self.keep_waits):
             self._count -= len(self._waits.pop(next(iter(self._waits))))
         return record
+
+    def waited_many(self, step: int, ranks: Sequence[int], waits: Sequence[float], *, at: float,
+                    storage_waiting: Collection[str] = ()) -> None:
+        """:meth:`waited` for several ranks of one ``step`` at once (a message of every rank of
+        a host): the step's blame worked out once, the kept waits trimmed once."""
+        step, at = int(step), float(at)
+        by_rank = self._waits.setdefault(step, {})
+        blamed: str | None = None
+        for rank, wait_s in zip(ranks, waits):
+            wait_s = max(0.0, float(wait_s))
+            if wait_s < self.min_wait_s:
+                source = ""
+            else:
+                if blamed is None:
+                    blamed = self._blame(step, storage_waiting)
+                source = blamed
+            rank = int(rank)
+            self._count += rank not in by_rank
+            by_rank[rank] = DataWait(rank, step, wait_s, source, at)
+        while len(self._waits) > 1 and (len(self._waits) > self.keep_steps
+                                        or self._count > self.keep_waits):
+            self._count -= len(self._waits.pop(next(iter(self._waits))))
 
     def _blame(self, step: int, storage_waiting: Collection[str]) -> str:
         """:func:`attribute` for ``step``, remembered until its inputs or the storage waits change."""

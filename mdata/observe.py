@@ -229,6 +229,30 @@ class TrainerMeter:
         self._consumed[rank] = self._consumed.get(rank, 0) + 1
         self._last[rank] = max(self._last.get(rank, -1), step)
 
+    def consumed_many(self, step: int, ranks: Sequence[int]) -> None:
+        """:meth:`consumed` of ``step`` for each of ``ranks`` (one message of many ranks)."""
+        step = int(step)
+        counts, last = self._consumed, self._last
+        for rank in ranks:
+            counts[rank] = counts.get(rank, 0) + 1
+            if last.get(rank, -1) < step:
+                last[rank] = step
+
+    def waited_many(self, step: int, ranks: Sequence[int], seconds: Sequence[float]) -> None:
+        """:meth:`waited` of ``step`` for each of ``ranks`` and its ``seconds``."""
+        step = int(step)
+        totals, by_step, keep = self._wait, self._by_step, self.keep_steps
+        for rank, s in zip(ranks, seconds):
+            s = float(s)
+            totals[rank] = totals.get(rank, 0.0) + s
+            steps = by_step.get(rank)
+            if steps is None:
+                steps = by_step[rank] = {}
+            steps[step] = steps.get(step, 0.0) + s
+            if len(steps) > 2 * keep:
+                for old in sorted(steps)[:-keep]:
+                    del steps[old]
+
     def snapshot(self) -> list[TrainerFigures]:
         """Figures of every rank seen so far, by rank."""
         ranks = sorted(set(self._wait) | set(self._consumed))

@@ -51,6 +51,8 @@ def consumption_events(runtime: "JobRuntime", told: Sequence[Told]) -> tuple[lis
     """The Planner events of what ``told`` ranks consumed (see the module docstring), and per
     entry the steps its Loader told for the first time (a resend counts once in the counters;
     the Planner ignores a repeat). Counts each rank's figures as it goes."""
+    if _one_step(told):
+        return _one_step_events(runtime, told)
     now = time.monotonic()
     storage: frozenset[str] | None = None
     consumed: dict[int, list[int]] = {}
@@ -86,6 +88,48 @@ def consumption_events(runtime: "JobRuntime", told: Sequence[Told]) -> tuple[lis
     events += [ps.RanksConsumed(step=step, ranks=tuple(ranks), stimulus_id=f"ack-{step}-{ranks[0]}")
                for step, ranks in consumed.items()]
     return events, firsts
+
+
+def _one_step(told: Sequence[Told]) -> bool:
+    """Whether every entry tells the same single step: a host's message of all its ranks, the
+    case thousands of ranks make every step."""
+    if not told:
+        return False
+    steps = told[0].steps
+    return len(steps) == 1 and all(t.steps == steps for t in told)
+
+
+def _one_step_events(runtime: "JobRuntime", told: Sequence[Told]) -> tuple[list, list[tuple[int, ...]]]:
+    """:func:`consumption_events` of entries that all tell one step (:func:`_one_step`): the
+    same events and counters, taken by collaborator for all ranks at once instead of rank by
+    rank (each collaborator's ``*_many``)."""
+    step = told[0].steps[0]
+    ranks = [t.rank for t in told]
+    runtime.stalled_seconds.update((t.rank, t.stalled_s) for t in told if t.stalled_s >= 0)
+    waited = [(t.rank, t.waits[0]) for t in told
+              if t.waits and math.isfinite(t.waits[0]) and t.waits[0] >= 0]  # -1: not measured
+    if waited:
+        runtime.data_waits.waited_many(step, [r for r, _ in waited], [w for _, w in waited],
+                                       at=time.monotonic(),
+                                       storage_waiting=frozenset(runtime.storage_waits))
+    if runtime._closed:
+        return [], [()] * len(told)
+    tokens = [t.token for t in told]
+    firsts = runtime.told.first_many(step, ranks, tokens)
+    runtime.trainer_meter.consumed_many(step, [r for r, first in zip(ranks, firsts) if first])
+    delivered: dict[int, list[int]] = {}
+    rank_dp, last = runtime.rank_dp, runtime.consumed_steps
+    for rank, token in zip(ranks, tokens):
+        dp = rank_dp[rank]
+        if new_delivery(runtime, rank, dp, step, token):
+            delivered.setdefault(dp, []).append(rank)
+        if last.get(rank, -1) < step:
+            last[rank] = step
+    events: list = [ps.BatchDelivered(step=step, dp_rank=dp, ranks=tuple(group),
+                                      stimulus_id=f"delivered-{step}-{dp}-{group[0]}")
+                    for dp, group in delivered.items()]
+    events.append(ps.RanksConsumed(step=step, ranks=tuple(ranks), stimulus_id=f"ack-{step}-{ranks[0]}"))
+    return events, [(step,) if first else () for first in firsts]
 
 
 def delivery_events(runtime: "JobRuntime", rank: int, step: int, token: str) -> list:

@@ -565,6 +565,15 @@ class JobRuntime:
                 self.wait_seconds[rank] += seconds
                 self.trainer_meter.waited(rank, step, seconds)
 
+    def pushed_waits_many(self, step: int, ranks, waited) -> None:
+        """:meth:`pushed_waits` of one ``step`` for several ranks (one message of many)."""
+        kept = [(r, w) for r, w in zip(ranks, waited) if w >= 0]
+        if kept:
+            totals = self.wait_seconds
+            for rank, seconds in kept:
+                totals[rank] += seconds
+            self.trainer_meter.waited_many(step, [r for r, _ in kept], [w for _, w in kept])
+
     def _delivery(self, rank: int, step: int, token: str) -> list:
         """The delivery of ``step`` to ``rank`` as an event, unless that Loader told it already
         (a rank that gets its batch by broadcast has none)."""

@@ -16,6 +16,8 @@ given to the Planner; only the counters would miss it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 __all__ = ["KEEP", "ToldSteps"]
 
 #: Steps remembered per rank (a resend follows its first send within a reply timeout).
@@ -46,6 +48,11 @@ class ToldSteps:
             steps.intersection_update(newest)
             floor[0] = newest[0]
         return True
+
+    def first_many(self, step: int, ranks: Sequence[int], tokens: Sequence[str]) -> list[bool]:
+        """:meth:`first` of ``step`` for each of ``ranks`` with its lease token."""
+        first = self.first
+        return [first(rank, step, token) for rank, token in zip(ranks, tokens)]
 
     def clear(self) -> None:
         """The job rewound: its steps will be consumed (and told) again."""

@@ -28,7 +28,7 @@ scheduler knows which clients are connected), and rewinding is left to the calle
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from mdata.errors import (
@@ -206,6 +206,20 @@ class TrainerRoster:
             raise RankTakenError(
                 f"rank {rank} is now held by {other}; this Loader ({token[:8]}) lost it"
             )
+
+    def holds_all(self, ranks: Sequence[int], tokens: Sequence[str], generations: Sequence[int]) -> bool:
+        """Whether :meth:`check` passes for every ``(rank, token, generation)``: one pass for a
+        message of many ranks (False: check them one by one to learn which fails, and why)."""
+        gen = self._gen
+        if gen.mismatch is not None:
+            return False
+        number, leases, world = gen.number, self._leases, self.world_size
+        for rank, token, generation in zip(ranks, tokens, generations):
+            holder = leases.get(rank)
+            if generation != number or holder is None or holder.token != token \
+                    or not 0 <= rank < world:
+                return False
+        return True
 
     def detach(self, rank: int, token: str) -> None:
         """A Loader closed: its lease ends at once (another may take the rank over)."""

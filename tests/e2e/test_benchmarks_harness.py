@@ -97,4 +97,6 @@ def test_quick_run_reports_control_plane_figures(tmp_path: Path) -> None:
     assert figures["control.asks_per_request"] > 1
     assert figures["control.scheduler_cpu_ms_per_step_24_ranks_alone"] > 0
     assert figures["control.host_requests_cpu_ratio"] > 0
+    # the per-rank part measured alone: every rank's tell taken (a refused one fails the run)
+    assert 0 < figures["control.consume_us_per_rank"] < 10_000
     assert "| control.scheduler_cpu_us_per_rank_step |" in proc.stdout

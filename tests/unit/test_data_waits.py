@@ -113,3 +113,18 @@ def test_a_steps_blame_is_worked_out_once_and_follows_new_inputs_and_storage_wai
     assert ledger.waited(64, 3, 0.5, at=9.0).source == "images"
     assert ledger.waited(65, 3, 0.5, at=9.0, storage_waiting={"chat"}).source == "chat"
     assert ledger.waited(66, 3, 0.5, at=9.0).source == "images"  # the outage is over
+
+
+def test_waits_of_many_ranks_of_one_step_are_each_ranks_wait():
+    """A message of every rank of a host is taken at once: the same records and trimming."""
+    one, many = DataWaitLedger(keep_waits=5), DataWaitLedger(keep_waits=5)
+    for ledger in (one, many):
+        ledger.loaded("c1", "web", at=1.0)
+        ledger.planned(3, ["c1"])
+    for step, ranks, waits in [(3, [0, 1, 2], [0.5, 0.001, 0.0]), (4, [0, 1, 2], [0.2, 0.3, 0.0]),
+                               (3, [1], [0.7])]:
+        for r, w in zip(ranks, waits):
+            one.waited(r, step, w, at=9.0, storage_waiting=())
+        many.waited_many(step, ranks, waits, at=9.0, storage_waiting=())
+    assert many.waits() == one.waits() and many._count == one._count
+    assert many.by_source() == one.by_source() and many.by_rank() == one.by_rank()

@@ -116,3 +116,15 @@ def test_source_meter_totals_are_its_figures():
     figs = meter.snapshot(1.0)
     assert loaded.tolist() == [f.loaded_samples for f in figs] == [0, 8]
     assert backlog.tolist() == [f.backlog_chunks for f in figs] == [1, 0]
+
+
+def test_trainer_meter_many_ranks_at_once_are_each_rank():
+    one, many = TrainerMeter(keep_steps=2), TrainerMeter(keep_steps=2)
+    for step in range(7):
+        ranks, secs = [0, 1, 3], [0.5, 0.0, float(step)]
+        for r, s in zip(ranks, secs):
+            one.waited(r, step, s)
+            one.consumed(r, step)
+        many.waited_many(step, ranks, secs)
+        many.consumed_many(step, ranks)
+    assert [f.to_dict() for f in many.snapshot()] == [f.to_dict() for f in one.snapshot()]

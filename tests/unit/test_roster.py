@@ -181,3 +181,28 @@ def test_a_rank_bringing_a_step_to_a_run_without_checkpoints_is_refused_alone():
     with pytest.raises(ResumeMismatchError, match=r"\{0: None\}"):
         roster.attach(1, holder("b"), checkpoint_step=3, is_live=live())
     roster.check(0, "token-a", 0)
+
+
+def _passes(roster, rank, token, generation) -> bool:
+    try:
+        roster.check(rank, token, generation)
+    except (TrainerError, RankTakenError, StaleGenerationError, ResumeMismatchError):
+        return False
+    return True
+
+
+@pytest.mark.parametrize("asks", [
+    [(0, "token-a", 0), (1, "token-b", 0)],
+    [(0, "token-a", 0), (1, "token-x", 0)],  # a lease another Loader holds
+    [(0, "token-a", 1), (1, "token-b", 0)],  # an older or newer generation
+    [(0, "token-a", 0), (2, "token-b", 0)],  # outside the world
+    [(0, "token-a", 0), (-1, "token-b", 0)],
+    [],
+])
+def test_holds_all_is_every_check_passing(asks):
+    """One pass for a message of many ranks; True exactly when check passes for each."""
+    roster = TrainerRoster(world_size=2, start_step=0)
+    roster.attach(0, holder("a"), checkpoint_step=None, is_live=live())
+    roster.attach(1, holder("b"), checkpoint_step=None, is_live=live())
+    ranks, tokens, gens = ([a[i] for a in asks] for i in range(3))
+    assert roster.holds_all(ranks, tokens, gens) == all(_passes(roster, *a) for a in asks)

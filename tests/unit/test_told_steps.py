@@ -31,3 +31,11 @@ def test_a_long_run_keeps_a_bounded_set_per_rank():
     _, steps, floor = told._by_rank[0]
     assert 16 <= len(steps) <= 32 and min(steps) == floor[0] and max(steps) == 9_999
     assert not told.first(0, floor[0] - 1, "a") and not told.first(0, 9_999, "a")
+
+
+def test_first_many_is_first_of_each_rank():
+    one, many = ToldSteps(keep=4), ToldSteps(keep=4)
+    for step, ranks, tokens in [(0, [0, 1, 2], ["a", "b", "c"]), (0, [1, 2], ["b", "z"]),
+                                (1, [0, 1], ["a", "b"])]:
+        assert many.first_many(step, ranks, tokens) == [one.first(r, step, t) for r, t in zip(ranks, tokens)]
+    assert many.repeats == one.repeats == 1
