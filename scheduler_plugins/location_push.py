@@ -11,7 +11,8 @@ of them was (whichever is first): one message per client and step when its group
 together, at most one per group it has ranks in, however many ranks it hosts.
 
 Pushes are hints (:mod:`mdata.wire.location_push`): a rank's lease is checked at each push
-(a rank detached or taken over gets none), a batch without holder is not pushed (its ranks
+(a rank detached or taken over gets none; a client's leases are checked once per change of the
+roster, its ``version``, not rank by rank at every push), a batch without holder is not pushed (its ranks
 long-poll and wait for the rebuild), and when the job fails, rewinds or closes every subscriber
 gets a reset and the subscriptions end (the clients subscribe again with their next long poll).
 Counters (``messages``, ``locations``) say what was pushed; the cluster tests read them.
@@ -50,6 +51,9 @@ class LocationPusher:
         self._groups: dict[int, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
         self._client_groups: dict[str, set[int]] = defaultdict(set)  # client -> its DP groups
         self._pending: dict[str, set[tuple[int, int]]] = defaultdict(set)  # client -> built keys
+        # client -> the roster version at which every lease it is subscribed for last held:
+        # while the roster is unchanged, a push skips checking them one by one
+        self._held_at: dict[str, int] = {}
         self._timer: asyncio.TimerHandle | None = None
         self.messages = 0  # pushes sent, and the rank locations they carried
         self.locations = 0
@@ -74,6 +78,7 @@ class LocationPusher:
             role, dp = mesh.role(ask.rank), mesh.coordinate(ask.rank).dp
             mine[ask.rank] = (ask.token, ask.generation, int(role.cp_rank),
                               bool(role.receives_tokens), bool(role.receives_labels))
+            self._held_at.pop(client, None)  # a lease to check again at the next push
             if held is None:  # kept incrementally: a world subscribes a few ranks at a time
                 self._groups[dp][client].append(ask.rank)
                 self._client_groups[client].add(dp)
@@ -89,6 +94,7 @@ class LocationPusher:
         return bool(mine)
 
     def client_gone(self, client: str) -> None:
+        self._held_at.pop(client, None)
         if self.subs.pop(client, None) is not None:
             self._pending.pop(client, None)
             for dp in self._client_groups.pop(client, ()):
@@ -101,6 +107,7 @@ class LocationPusher:
         for client in list(self.subs):
             self._send(client, push)
         self.subs.clear()
+        self._held_at.clear()
         self._groups.clear()
         self._client_groups.clear()
         self._pending.clear()
@@ -140,7 +147,15 @@ class LocationPusher:
         runtime = self.runtime
         if runtime.failed.is_set() or runtime._closed:
             return
-        generation = runtime.roster.generation
+        roster = runtime.roster
+        generation = roster.generation
+        # every lease the client is subscribed for held at this roster version: none is checked
+        # again until the roster changes (thousands of ranks per step otherwise)
+        checked = self._held_at.get(client) == roster.version
+        if not checked and all(gen == generation and _holds(roster, rank, token, gen)
+                               for rank, (token, gen, *_) in ranks.items()):
+            self._held_at[client] = roster.version
+            checked = True
         groups: list[PushedGroup] = []
         checkpoints: dict[int, Any] = {}
         for step, dp in sorted(keys):
@@ -157,7 +172,7 @@ class LocationPusher:
             entries = []
             for rank in self._groups.get(dp, {}).get(client, ()):
                 token, gen, cp_rank, tokens, labels = ranks[rank]
-                if gen == generation and _holds(runtime.roster, rank, token, gen):
+                if checked or (gen == generation and _holds(roster, rank, token, gen)):
                     entries.append((rank, cp_rank, tokens, labels))
             if entries:
                 checkpoints[step] = checkpoint

@@ -91,6 +91,9 @@ class TrainerRoster:
         self.world_size = int(world_size)
         self._gen = _Generation(0, int(start_step))
         self._leases: dict[int, Holder] = {}
+        #: counts every change to the leases or the generation: a reader that checked some
+        #: leases at one version knows they still hold while the version is the same
+        self.version = 0
 
     @property
     def generation(self) -> int:
@@ -164,6 +167,7 @@ class TrainerRoster:
             )
             if gen.is_resume():  # its ranks cannot continue without this one: all of them stop
                 gen.mismatch = message
+                self.version += 1
             raise ResumeMismatchError(message)
         # a rank that already joined this generation (its process restarted), the first rank of a
         # resume to another step, or a resume after a failed one: a new generation at that step
@@ -177,6 +181,7 @@ class TrainerRoster:
                 f"attach was decided in generation {att.based_on}; attach again"
             )
         self._leases[att.rank] = att.holder
+        self.version += 1
         if att.rewind:
             self._gen = _Generation(att.generation, att.start_step, {att.rank: att.brought})
         elif att.brought is None:
@@ -187,6 +192,7 @@ class TrainerRoster:
     def rewound_by_driver(self, step: int) -> int:
         """A driver re-registered the job from a checkpoint: a new generation nobody joined yet."""
         self._gen = _Generation(self._gen.number + 1, int(step))
+        self.version += 1
         return self._gen.number
 
     def check(self, rank: int, token: str, generation: int) -> None:
@@ -226,12 +232,14 @@ class TrainerRoster:
         holder = self._leases.get(rank)
         if holder is not None and holder.token == token:
             del self._leases[rank]
+            self.version += 1
 
     def release_client(self, client: str) -> list[int]:
         """A client left the scheduler: every rank it held is free. Returns those ranks."""
         freed = [r for r, h in self._leases.items() if h.client == client]
         for r in freed:
             del self._leases[r]
+        self.version += bool(freed)
         return freed
 
     def _check_rank(self, rank: int) -> None:

@@ -206,3 +206,25 @@ def test_holds_all_is_every_check_passing(asks):
     roster.attach(1, holder("b"), checkpoint_step=None, is_live=live())
     ranks, tokens, gens = ([a[i] for a in asks] for i in range(3))
     assert roster.holds_all(ranks, tokens, gens) == all(_passes(roster, *a) for a in asks)
+
+
+def test_the_roster_version_moves_with_every_change_to_leases_or_generation():
+    """Readers that checked leases at one version rely on them while it stays the same."""
+    roster = TrainerRoster(world_size=2, start_step=0)
+    seen = [roster.version]
+    roster.attach(0, holder("a"), checkpoint_step=None, is_live=live())
+    seen.append(roster.version)
+    roster.check(0, "token-a", 0)  # reads change nothing
+    assert roster.version == seen[-1]
+    roster.attach(1, holder("b", client="shared"), checkpoint_step=None, is_live=live())
+    seen.append(roster.version)
+    roster.detach(0, "token-other")  # not the holder: no change
+    assert roster.version == seen[-1]
+    roster.detach(0, "token-a")
+    seen.append(roster.version)
+    assert roster.release_client("nobody") == [] and roster.version == seen[-1]
+    assert roster.release_client("shared") == [1]
+    seen.append(roster.version)
+    roster.rewound_by_driver(5)
+    seen.append(roster.version)
+    assert seen == sorted(set(seen))  # each change moved it
