@@ -274,8 +274,31 @@ def key_msg(key: tuple) -> list:
     return [key_msg(k) if isinstance(k, tuple) else k for k in key]
 
 
+#: Arrays up to this many items travel inline (:func:`int_array_msg`).
+INLINE_ITEMS = 64
+
+
+def int_array_msg(array: np.ndarray, inline: int = INLINE_ITEMS) -> Any:
+    """An integer array as a message carries it: a small one as ``[dtype, values]`` inside the
+    message, a larger one as the array (its own buffer). Why: a pickled message sends every
+    numpy array as a buffer of its own, and a construct task carries four small arrays per DP
+    group (2 samples a group at 16k GPUs): 2,049 buffers for 512 groups, about 20 us per group
+    to pickle and 28 to unpickle, against 2.5 and 4 inline, paid again at every hop."""
+    array = np.asarray(array)
+    return [array.dtype.str, array.tolist()] if array.size <= inline else array
+
+
 def int_array(value: Any, r: Reader, name: str, *, ndim: int) -> np.ndarray:
-    """An integer array (numpy, or a list after msgpack) of ``ndim`` dimensions."""
+    """An integer array (numpy, a list after msgpack, or ``[dtype, values]`` as
+    :func:`int_array_msg` writes a small one) of ``ndim`` dimensions."""
+    if isinstance(value, (list, tuple)) and len(value) == 2 and isinstance(value[0], str):
+        try:
+            dtype = np.dtype(value[0])
+        except TypeError:
+            raise r.fail(name, f"names dtype {value[0]!r:.40}, not a numpy dtype") from None
+        if dtype.kind not in "iu" or not isinstance(value[1], (list, tuple)):
+            raise r.fail(name, f"must be [integer dtype, values], got {value!r:.80}")
+        value = np.asarray(value[1], dtype=dtype) if value[1] else np.zeros(0, dtype)
     if not isinstance(value, (np.ndarray, list, tuple)):
         raise r.fail(name, f"must be an integer array, got {type(value).__name__}")
     array = np.asarray(value)

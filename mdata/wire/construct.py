@@ -19,8 +19,8 @@ import numpy as np
 
 from mdata.sources.chunk import SampleChunk
 from mdata.wire.codec import (
-    Handler, Message, Reader, Request, Status, check_int, check_str, held_msg, int_array, int_tuple,
-    key_msg, key_of, list_of, read_held,
+    Handler, Message, Reader, Request, Status, check_int, check_str, held_msg, int_array, int_array_msg,
+    int_tuple, key_msg, key_of, list_of, read_held,
 )
 
 __all__ = [
@@ -92,8 +92,9 @@ class ConstructSpec(Message):
     def to_msg(self) -> dict[str, Any]:
         return {
             "step": self.step, "dp_rank": self.dp_rank, "chunks": [c.to_msg() for c in self.chunks],
-            "micro_batch": self.micro_batch, "position": self.position, "lengths": self.lengths,
-            "sample_ids": self.sample_ids, "num_micro_batches": self.num_micro_batches,
+            "micro_batch": int_array_msg(self.micro_batch), "position": int_array_msg(self.position),
+            "lengths": int_array_msg(self.lengths), "sample_ids": int_array_msg(self.sample_ids),
+            "num_micro_batches": self.num_micro_batches,
             "max_tokens": self.max_tokens, "cp": self.cp, "pad_id": self.pad_id,
             "image_token_id": self.image_token_id, "wait_s": self.wait_s,
         }

@@ -610,3 +610,41 @@ def test_a_packed_checkpoint_sends_its_per_source_maps_as_lists_aligned_with_its
     short = mp.packb([ALIGNED, {**plain, "cursors": [1, 2]}], use_bin_type=True)
     with pytest.raises(MessageError, match="checkpoint"):
         m.LocationPush.from_msg({"job": "j", "generation": 1, "groups": [], "checkpoints": [[4, short]]})
+
+
+def test_small_construct_arrays_travel_inline_with_their_dtype_and_large_ones_as_arrays():
+    """A construct task carries a spec per DP group: small arrays go inside the message (no
+    buffer of their own per array when pickled), read back with the same dtype and shape."""
+    from distributed.protocol import deserialize, serialize
+
+    from mdata.wire.codec import INLINE_ITEMS
+
+    def spec(n: int) -> m.ConstructSpec:
+        return m.ConstructSpec(
+            step=5, dp_rank=3, chunks=(m.ChunkPull(("mdata-load", "job", "chat", 0, 256),
+                                                   tuple(range(n)), ("tcp://10.0.0.1:1",)),),
+            micro_batch=np.zeros(n, np.int32), position=np.arange(n, dtype=np.int32),
+            lengths=np.full(n, 7, np.int64), sample_ids=np.arange(3 * n, dtype=np.int64).reshape(n, 3),
+            num_micro_batches=1, max_tokens=64, cp=1, pad_id=0, image_token_id=None, wait_s=1.0)
+
+    for n, inline in ((0, True), (2, True), (INLINE_ITEMS // 3, True), (200, False)):
+        sent = spec(n)
+        msg = sent.to_msg()
+        assert isinstance(msg["lengths"], np.ndarray) != inline, n
+        header, frames = serialize([msg], serializers=("pickle",))
+        if inline:
+            assert len(frames) == 1  # no buffer per array
+        back = m.ConstructSpec.from_msg(deserialize(header, frames)[0])
+        for name in ("micro_batch", "position", "lengths", "sample_ids"):
+            want, got = getattr(sent, name), getattr(back, name)
+            assert got.tolist() == want.tolist() and got.shape == want.shape, (n, name)
+            assert n == 0 or got.dtype == want.dtype, (n, name)
+
+
+@pytest.mark.parametrize("value, match", [
+    (["f8", [1.5]], "integer dtype"), (["nope", [1]], "not a numpy dtype"), (["i4", 3], "integer dtype")])
+def test_a_bad_inline_array_names_its_field(value, match):
+    from mdata.wire.codec import Reader, int_array
+
+    with pytest.raises(MessageError, match=f"lengths.*{match}"):
+        int_array(value, Reader("ConstructSpec", {}), "lengths", ndim=1)
