@@ -9,7 +9,7 @@ same loader CPU budget per GPU (:class:`~benchmarks.e2e_model.Node`) and **the s
 * **mdata**: the real Planner (:class:`~mdata.planner.state.PlannerState`, driven as
   :func:`mdata.planner.simulate` drives it) plans every step's global batch (sized to the step's
   token budget from the mix's mean tokens); each DP rank's micro-batches are exactly the
-  ``ConstructBatch`` it would receive. Loading is spread over every node's loader cores, each
+  ``ConstructStep`` group it would receive. Loading is spread over every node's loader cores, each
   sample loaded once.
 * **the baselines** (``benchmarks/e2e_baselines.py``: ``dataloader``, ``megatron``,
   ``local_best``, ``bridge``): each step every rank takes ``1 / dp`` of the tokens of mdata's step
@@ -42,7 +42,7 @@ from mdata.mesh import ClientPlaceTree
 from mdata.metadata import SourceMetadata
 from mdata.plan import Plan
 from mdata.planner.events import BatchConsumed, ChunkLoaded, Tick
-from mdata.planner.instructions import ConstructBatch, JobFailed, LoadChunk, StepReady
+from mdata.planner.instructions import ConstructStep, JobFailed, LoadChunk, StepReady
 from mdata.planner.state import PlannerState
 
 __all__ = ["PARTS", "Setup", "mean_tokens", "ratio_breakdown", "simulate", "vit_per_layer"]
@@ -112,13 +112,13 @@ def _mdata_steps(setup: Setup, meta: dict[str, SourceMetadata], steps: int, glob
             rows, tok, pat, bad = meta[ref.source].rows_of(ref.shard, ref.start, ref.stop)
             queue.extend(state.handle(ChunkLoaded(ref, rows, tok, pat, bad.tolist(), "sim",
                                                   stimulus_id=f"l-{ref.source}-{ref.chunk_id}")))
-        elif isinstance(ins, ConstructBatch):
-            s = ins.samples
-            patches = np.array([meta[names[i]].num_patches[sh][r] for i, sh, r in
-                                zip(s.source_index.tolist(), s.shard.tolist(), s.row.tolist())])
-            mbs = [(s.num_tokens[s.micro_batch == k], patches[s.micro_batch == k])
-                   for k in range(s.num_micro_batches)]
-            out.setdefault(ins.step, [None] * setup.dp)[ins.dp_rank] = (mbs, s.source_index)
+        elif isinstance(ins, ConstructStep):
+            for dp, s in enumerate(ins.groups()):
+                patches = np.array([meta[names[i]].num_patches[sh][r] for i, sh, r in
+                                    zip(s.source_index.tolist(), s.shard.tolist(), s.row.tolist())])
+                mbs = [(s.num_tokens[s.micro_batch == k], patches[s.micro_batch == k])
+                       for k in range(s.num_micro_batches)]
+                out.setdefault(ins.step, [None] * setup.dp)[dp] = (mbs, s.source_index)
         elif isinstance(ins, StepReady):
             done += 1
             queue.extend(state.handle(*(BatchConsumed(ins.step, r, stimulus_id=f"c-{ins.step}")

@@ -32,7 +32,7 @@ from mdata.mesh import ClientPlaceTree
 from mdata.metadata import SourceMetadata
 from mdata.plan import Plan
 from mdata.planner import (
-    BatchDelivered, ChunkLoaded, ConstructBatch, LoadChunk, PlannerState, RanksConsumed, StepReady,
+    BatchDelivered, ChunkLoaded, ConstructStep, LoadChunk, PlannerState, RanksConsumed, StepReady,
     Tick,
 )
 
@@ -67,9 +67,9 @@ def _drive(state: PlannerState, meta, steps: int, every: int, on_sample=None) ->
             rows, tok, pat, bad = meta[ref.source].rows_of(ref.shard, ref.start, ref.stop)
             queue.extend(state.handle(ChunkLoaded(ref, rows, tok, pat, bad.tolist(), f"loader-{ref.source}",
                                                   stimulus_id=f"l{ref.chunk_id}")))
-        elif isinstance(ins, ConstructBatch):
-            queue.extend(state.handle(BatchDelivered(ins.step, ins.dp_rank, (ins.dp_rank,),
-                                                     stimulus_id=f"d{ins.step}-{ins.dp_rank}")))
+        elif isinstance(ins, ConstructStep):
+            queue.extend(state.handle(*(BatchDelivered(ins.step, dp, (dp,), stimulus_id=f"d{ins.step}-{dp}")
+                                        for dp in ins.dp_ranks)))
         elif isinstance(ins, StepReady):
             queue.extend(state.handle(RanksConsumed(ins.step, ranks, stimulus_id=f"c{ins.step}")))
             done = ins.step + 1

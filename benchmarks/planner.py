@@ -3,7 +3,7 @@
 What one step costs the Planner, measured inside :meth:`PlannerState.handle` only: apportioning
 the mixture over 1,000 sources, taking each source's samples from its deterministic order,
 registering and releasing chunks, gathering cost features, pricing and balancing the ~4M-token
-global batch over the DP ranks, building one ``ConstructBatch`` per DP rank, recording lineage in
+global batch over the DP ranks, building every DP rank's samples (one ``ConstructStep``), recording lineage in
 the DGraph, and handling every trainer rank's acknowledgement. The runtime applies the
 acknowledgements that arrive together as one ``RanksConsumed`` per step, so the headline figure
 does too; ``planner.ms_per_step_4096_per_rank_acks`` sends one ``BatchConsumed`` per rank (the

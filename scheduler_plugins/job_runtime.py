@@ -135,7 +135,7 @@ class JobRuntime:
         # Every instruction the Planner may give, and what carries it out; another is a bug.
         self._actions: dict[type, Callable[[Any], None]] = {
             ps.LoadChunk: self._load_chunk,
-            ps.ConstructBatch: self._construct_batch,
+            ps.ConstructStep: self._construct_step,
             ps.ReleaseChunk: self._release_chunk,
             ps.ReleaseBatch: self._release_batch,
             ps.StepReady: self._step_ready,
@@ -215,7 +215,7 @@ class JobRuntime:
             kind = type(ins)
             if kind is ps.LoadChunk:
                 loads.append(ins)
-            elif kind is ps.ConstructBatch:
+            elif kind is ps.ConstructStep:
                 constructs.append(ins)
             else:
                 self._submit(loads, constructs)
@@ -365,20 +365,18 @@ class JobRuntime:
             )
         )
 
-    def _construct_batch(self, ins: "ps.ConstructBatch") -> None:
+    def _construct_step(self, ins: "ps.ConstructStep") -> None:
         self._construct_batches([ins])
 
     def _construct_batches(self, constructs: list) -> None:
-        """Submit the construct tasks of these DP groups' batches, all in one graph: per step,
-        one task per constructor slot, each building a part of the step's groups
+        """Submit the construct tasks of these steps' DP groups, all in one graph: per step, one
+        task per constructor slot, each building a part of the step's groups
         (:mod:`scheduler_plugins.construct_parts`)."""
-        by_step: dict[int, dict[int, Any]] = {}
-        for ins in constructs:
-            by_step.setdefault(int(ins.step), {})[int(ins.dp_rank)] = ins
+        by_step: dict[int, "ps.ConstructStep"] = {int(ins.step): ins for ins in constructs}
         slots = self.constructor_slots()
-        parts = [(step, part) for step, groups in by_step.items()
-                 for part in split_groups(list(groups), slots)]
-        specs = {(step, dp): self._construct_spec(by_step[step][dp])
+        parts = [(step, part) for step, ins in by_step.items()
+                 for part in split_groups(ins.dp_ranks, slots)]
+        specs = {(step, dp): self._construct_spec(step, dp, by_step[step].samples(dp))
                  for step, part in parts for dp in part}
         # the generation keeps a rewound job's batches apart from the ones it dropped; a part is
         # named by its step and first DP rank
@@ -403,11 +401,10 @@ class JobRuntime:
                     for ws in self.scheduler.workers.values())
         return max(1, int(total))
 
-    def _construct_spec(self, ins: "ps.ConstructBatch") -> ConstructSpec:
-        samples = ins.samples
+    def _construct_spec(self, step: int, dp_rank: int, samples: "ps.StepSamples") -> ConstructSpec:
         return ConstructSpec(
-            step=int(ins.step),
-            dp_rank=int(ins.dp_rank),
+            step=step,
+            dp_rank=dp_rank,
             chunks=tuple(ChunkPull(tuple(key), tuple(indices.tolist()), tuple(self.who_has(key)))
                          for key, indices in samples.chunk_indices()),
             micro_batch=samples.micro_batch,
@@ -456,11 +453,12 @@ class JobRuntime:
             fut.release()
 
     def _release_batch(self, ins: "ps.ReleaseBatch") -> None:
-        key = (ins.step, ins.dp_rank)
-        fut = self.batch_futures.pop(key, None)
-        self.batch_ready.pop(key, None)
-        if fut is not None and self.parts.release(fut.key, key):
-            fut.release()  # the last group of its part
+        for dp in ins.dp_ranks:
+            key = (ins.step, dp)
+            fut = self.batch_futures.pop(key, None)
+            self.batch_ready.pop(key, None)
+            if fut is not None and self.parts.release(fut.key, key):
+                fut.release()  # the last group of its part
 
     def _step_ready(self, ins: "ps.StepReady") -> None:
         self.step_summaries.add(ins.summary)  # compact; trimmed to the newest history-steps

@@ -22,8 +22,8 @@ from mdata.planner.events import (
     RanksConsumed, Tick, WorkerLost, coalesce_acknowledgements,
 )
 from mdata.planner.instructions import (
-    ConstructBatch, Instruction, JobFailed, LoadChunk, PoolTarget, ReleaseBatch, ReleaseChunk,
-    StepReady, StepSamples, StepSummary,
+    ConstructStep, Instruction, JobFailed, LoadChunk, PoolTarget, ReleaseBatch, ReleaseChunk,
+    StepColumns, StepReady, StepSamples, StepSummary,
 )
 from mdata.planner.resume import Resume, ResumeOptions
 from mdata.planner.simulate import SimulationResult, simulate
@@ -34,10 +34,10 @@ __all__ = [
     "PlannerEvent", "Tick", "ChunkLoaded", "ChunkFailed", "WorkerLost", "BatchDelivered",
     "BatchConsumed", "RanksConsumed", "MetricsReported", "coalesce_acknowledgements",
     # instructions
-    "Instruction", "LoadChunk", "ReleaseChunk", "ConstructBatch", "ReleaseBatch", "StepReady",
+    "Instruction", "LoadChunk", "ReleaseChunk", "ConstructStep", "ReleaseBatch", "StepReady",
     "JobFailed", "PoolTarget",
     # values
-    "StepSamples", "StepSummary", "row_counts_of",
+    "StepColumns", "StepSamples", "StepSummary", "row_counts_of",
     # the state machine, its resumes and its offline run
     "PlannerState", "ResumeOptions", "Resume", "simulate", "SimulationResult",
 ]

@@ -2,9 +2,9 @@
 
 Samples are truncated to the plan's ``max_tokens``, priced by the cost model, and
 :func:`~mdata.balance.balance_step` places them on DP ranks and micro-batches. Each rank's share
-becomes one :class:`~mdata.planner.instructions.ConstructBatch` whose :class:`StepSamples` are
-grouped by chunk (so the constructor slices each loaded chunk once); the step's figures become a
-:class:`StepSummary`. When lineage is recorded, every sample gets its DGraph id here.
+is a view (:class:`StepSamples`) of one :class:`~mdata.planner.instructions.ConstructStep` for
+the whole step, whose samples are grouped by chunk (so the constructor slices each loaded chunk
+once); the step's figures become a :class:`StepSummary`. When lineage is recorded, every sample gets its DGraph id here.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from mdata.cost import evaluate_cost
 from mdata.lineage import DGraph
 from mdata.order import ChunkRef
 from mdata.plan import Plan
-from mdata.planner.instructions import ConstructBatch, StepSamples, StepSummary
+from mdata.planner.instructions import ConstructStep, StepColumns, StepSummary
 from mdata.planner.selection import Selection
 
 __all__ = ["StepAssigner"]
@@ -46,8 +46,8 @@ class StepAssigner:
 
     def assign(self, step: int, weights: np.ndarray, sel: Selection,
                refs_of: Callable[[list[int]], list[ChunkRef]], lineage: DGraph | None,
-               sid: str) -> tuple[list[ConstructBatch], StepSummary]:
-        """One :class:`ConstructBatch` per DP rank and the step's summary.
+               sid: str) -> tuple[ConstructStep, StepSummary]:
+        """The step's :class:`ConstructStep` (every DP rank's samples) and its summary.
 
         ``weights`` are the step's target mixture weights (for the summary); ``refs_of`` maps chunk
         keys to their :class:`~mdata.order.ChunkRef`; ``lineage`` records the step (None: no
@@ -89,19 +89,11 @@ class StepAssigner:
         base = starts[bounds]  # rank d's chunks are runs [base[d], base[d + 1]) of the step
         local = (starts[1:] - 1 - base[rank_o]).astype(np.int32)  # chunk among its rank's
         refs = refs_of(keys_o[first].tolist())
-        cols = (local, index.astype(np.int32)[order], a.micro_batch[order], a.position[order],
-                trunc[order], ids[order], src.astype(np.int32)[order],
-                shard.astype(np.int32)[order], row[order])
-        spans = list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
-        chunk_, idx, mb, pos, tok, sid_, src_, shard_, row_ = (
-            [c[lo:hi] for lo, hi in spans] for c in cols)
-        run_spans = zip(base[:-1].tolist(), base[1:].tolist())
-        nmb = a.num_micro_batches
-        batches = [
-            ConstructBatch(step, d, StepSamples(
-                tuple(refs[r0:r1]), chunk_[d], idx[d], mb[d], pos[d], tok[d], sid_[d], src_[d],
-                shard_[d], row_[d], nmb), stimulus_id=sid)
-            for d, (r0, r1) in enumerate(run_spans)]
+        columns = StepColumns(
+            refs, local, index.astype(np.int32)[order], a.micro_batch[order], a.position[order],
+            trunc[order], ids[order], src.astype(np.int32)[order], shard.astype(np.int32)[order],
+            row[order], a.num_micro_batches, bounds.tolist(), base.tolist())
+        construct = ConstructStep(step, columns, stimulus_id=sid)
         S = len(self.names)
         figures = _by_stage_figures(staged) if staged is not None else dict(
             per_rank_cost=a.per_rank_cost, lower_bound=float(a.lower_bound),
@@ -113,7 +105,7 @@ class StepAssigner:
             tokens=np.bincount(src, weights=trunc, minlength=S).astype(np.int64),
             target_weights=weights, truncated=n_trunc,
             skipped=sum(int(rows.size) for _, _, rows, _ in skipped), names=self.names)
-        return batches, summary
+        return construct, summary
 
 
 def _by_stage_figures(staged) -> dict:

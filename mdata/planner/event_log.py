@@ -3,7 +3,7 @@
 :class:`~mdata.planner.state.PlannerState` logs every event it handles so that a question after
 the fact ("what did stimulus ``c-812`` do?") has an answer. The log used to keep the event and
 its instructions themselves. At scale that held whole steps alive: an acknowledgement that lets
-the Planner move on causes one ``ConstructBatch`` per DP group (each with its step's sample
+the Planner move on caused one construct instruction per DP group (each with its step's sample
 arrays) and one ``ReleaseBatch``, and a log of 10,000 entries kept hundreds of steps of them. At
 16,384 GPUs (DP 1,024) that was 1.6 GB and 2.5 million objects after 600 steps, which every full
 garbage collection of the scheduler then walked (up to 0.4 s with the event loop held).

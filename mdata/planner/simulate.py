@@ -25,7 +25,7 @@ from mdata.errors import PlanError
 from mdata.metadata import SourceMetadata
 from mdata.plan import Plan
 from mdata.planner.events import BatchConsumed, ChunkLoaded, MetricsReported, Tick
-from mdata.planner.instructions import ConstructBatch, JobFailed, LoadChunk, StepReady, StepSummary
+from mdata.planner.instructions import ConstructStep, JobFailed, LoadChunk, StepReady, StepSummary
 from mdata.planner.resume import ResumeOptions
 from mdata.planner.state import PlannerState
 
@@ -172,9 +172,8 @@ def simulate(
             queue.extend(state.handle(ChunkLoaded(
                 ref, rows, tok, pat, bad.tolist(), "simulated-loader",
                 stimulus_id=f"loaded-{ref.source}-{ref.chunk_id}")))
-        elif isinstance(ins, ConstructBatch) and samples is not None:
-            samples.setdefault(ins.step, [[] for _ in range(plan.mesh.dp)])[ins.dp_rank] = \
-                ins.samples.ids(names)
+        elif isinstance(ins, ConstructStep) and samples is not None:
+            samples[ins.step] = [group.ids(names) for group in ins.groups()]
         elif isinstance(ins, StepReady):
             s = ins.step
             summaries.append(ins.summary)

@@ -17,7 +17,7 @@ Life of a step ``s`` (each stage is one collaborator, called from here in this o
 2. **Balanced** once every chunk it needs is loaded, strictly in step order:
    :func:`~mdata.planner.selection.select_samples` passes over rows the loaders skipped, and
    :class:`~mdata.planner.assign.StepAssigner` prices the rest and assigns them to DP ranks and
-   micro-batches. Out come one ``ConstructBatch`` per DP rank and a ``StepReady`` summary; if
+   micro-batches. Out come one ``ConstructStep`` (every DP rank's samples) and a ``StepReady`` summary; if
    skips moved the cursors, later steps take their samples again (re-provisioning).
 3. **Consumed**: when every receiving rank of a DP group reports ``BatchConsumed``, the group's
    batch is released (``ReleaseBatch``); when all groups have, the step is done, the window moves
@@ -294,7 +294,7 @@ class PlannerState:
         done, dps, fresh = consume_by_group(st.consumed, self.receivers, self._rank_dp_table, ranks)
         if self.record_lineage:
             self.dgraph.record_consumed_many(ev.step, dps, fresh)
-        out: list[Instruction] = [ReleaseBatch(ev.step, dp, stimulus_id=ev.stimulus_id) for dp in done]
+        out: list[Instruction] = [ReleaseBatch(ev.step, tuple(done), stimulus_id=ev.stimulus_id)] if done else []
         st.groups_done += len(done)
         if done and st.groups_done == self.mesh.dp and ev.step == self.consumed_step:
             self._move_window(ev.stimulus_id, out)  # its oldest step is fully consumed
@@ -325,7 +325,7 @@ class PlannerState:
         if len(group) != len(self.receivers[dp]):
             return []  # the group is not complete yet
         st.groups_done += 1
-        out: list[Instruction] = [ReleaseBatch(ev.step, dp, stimulus_id=ev.stimulus_id)]
+        out: list[Instruction] = [ReleaseBatch(ev.step, (dp,), stimulus_id=ev.stimulus_id)]
         if st.groups_done == self.mesh.dp and ev.step == self.consumed_step:
             self._move_window(ev.stimulus_id, out)  # its oldest step is fully consumed
         return out
@@ -389,9 +389,9 @@ class PlannerState:
             self.skipped[i] += rows.size
             if self.record_lineage:
                 self.dgraph.record_skips(s, i, shards, rows, cursors)
-        batches, summary = self.assigner.assign(
+        construct, summary = self.assigner.assign(
             s, st.weights, sel, self.chunks.refs_of, self.dgraph if self.record_lineage else None, sid)
-        out.extend(batches)
+        out.append(construct)
         out.append(StepReady(s, summary, stimulus_id=sid))
         self.truncated += summary.truncated
         st.balanced = True

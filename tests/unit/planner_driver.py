@@ -13,7 +13,7 @@ import numpy as np
 
 from mdata.metadata import SourceMetadata
 from mdata.planner import (
-    BatchConsumed, ChunkLoaded, ConstructBatch, JobFailed, LoadChunk, MetricsReported,
+    BatchConsumed, ChunkLoaded, ConstructStep, JobFailed, LoadChunk, MetricsReported,
     PlannerState, RanksConsumed, StepReady, Tick,
 )
 
@@ -58,8 +58,9 @@ class Driver:
                 self.queue.extend(self.state.handle(ChunkLoaded(
                     ref, rows, tok, pat, bad.tolist(), f"w-{ref.source}",
                     stimulus_id=f"load-{ref.source}-{ref.chunk_id}")))
-            elif isinstance(ins, ConstructBatch):
-                self.delivered.setdefault(ins.step, {})[ins.dp_rank] = ins.samples.ids(names)
+            elif isinstance(ins, ConstructStep):
+                self.delivered.setdefault(ins.step, {}).update(
+                    (dp, group.ids(names)) for dp, group in enumerate(ins.groups()))
             elif isinstance(ins, StepReady):
                 s = ins.step
                 if self.metrics is not None:

@@ -10,7 +10,7 @@ from mdata.mesh import ClientPlaceTree
 from mdata.order import SourceOrder
 from mdata.plan import Plan
 from mdata.planner import (
-    BatchConsumed, BatchDelivered, ChunkFailed, ChunkLoaded, ConstructBatch, JobFailed, LoadChunk,
+    BatchConsumed, BatchDelivered, ChunkFailed, ChunkLoaded, ConstructStep, JobFailed, LoadChunk,
     PlannerState, PoolTarget, RanksConsumed, ReleaseBatch, ReleaseChunk, StepReady, Tick, WorkerLost,
 )
 from mdata.pool_demand import PoolSizer
@@ -59,19 +59,23 @@ def test_loaded_chunk_makes_the_step_ready_with_exact_samples():
     _, state = tiny(window=1)
     (load,) = state.handle(Tick(stimulus_id="t0"))
     out = state.handle(loaded(load.chunk, sid="L"))
-    assert [type(i) for i in out] == [ConstructBatch, ConstructBatch, StepReady]
-    assert [(i.step, i.dp_rank, i.stimulus_id) for i in out[:2]] == [(0, 0, "L"), (0, 1, "L")]
+    assert [type(i) for i in out] == [ConstructStep, StepReady]
+    construct = out[0]
+    assert (construct.step, list(construct.dp_ranks), construct.stimulus_id) == (0, [0, 1], "L")
+    groups = construct.groups()
+    assert [g.dp_rank for g in groups] == [0, 1] and groups == [construct.samples(0), construct.samples(1)]
     taken = order().take(0, 2)
-    got = sorted(out[0].samples.ids(["a"]) + out[1].samples.ids(["a"]))
+    got = sorted(groups[0].ids(["a"]) + groups[1].ids(["a"]))
     assert got == sorted(("a", 0, int(r)) for r in taken.rows)
-    for ins in out[:2]:
-        s = ins.samples
+    with pytest.raises(IndexError, match="2 DP groups"):
+        construct.samples(2)
+    for s in groups:
         assert len(s) == 1 and s.chunks == (load.chunk,)
         assert s.index.tolist() == [int(s.row[0]) - load.chunk.start]
         assert s.num_tokens.tolist() == [10 + int(s.row[0])]
-    (key, indices), = out[0].samples.chunk_indices()
-    assert key == load.chunk.key and indices.tolist() == out[0].samples.index.tolist()
-    summary = out[2].summary
+    (key, indices), = groups[0].chunk_indices()
+    assert key == load.chunk.key and indices.tolist() == groups[0].index.tolist()
+    summary = out[1].summary
     assert summary.counts.tolist() == [2] and summary.tokens.tolist() == [20 + int(taken.rows.sum())]
     assert summary.per_rank_cost.shape == (2,)
     assert dict(summary)["counts"] == {"a": 2} and dict(summary)["step"] == 0
@@ -96,12 +100,12 @@ def test_backpressure_release_and_window_advance():
     assert state.planned_step == 1 and state.balanced_step == 1
     assert state.handle(Tick(stimulus_id="t1")) == []  # nothing beyond the window
     out = state.handle(BatchConsumed(0, 0, stimulus_id="c0"))
-    assert out == [ReleaseBatch(0, 0, stimulus_id="c0")]
+    assert out == [ReleaseBatch(0, (0,), stimulus_id="c0")]
     out = state.handle(BatchConsumed(0, 1, stimulus_id="c1"))
     # step 0 done: its chunk is released unless step 1 needs it, and step 1 is planned
     o = order()
     step1_chunks = set(o.take(2, 2).chunk_ids.tolist())
-    assert out[0] == ReleaseBatch(0, 1, stimulus_id="c1")
+    assert out[0] == ReleaseBatch(0, (1,), stimulus_id="c1")
     released = [i.chunk.chunk_id for i in out if isinstance(i, ReleaseChunk)]
     loads = [i.chunk.chunk_id for i in out if isinstance(i, LoadChunk)]
     assert released == ([] if load.chunk.chunk_id in step1_chunks else [load.chunk.chunk_id])
@@ -122,7 +126,7 @@ def test_quiet_acknowledgements_are_exactly_those_that_plan_nothing():
     assert not state.is_quiet([BatchConsumed(0, 0, stimulus_id="c0"), BatchConsumed(0, 1, stimulus_id="c1")])
     assert not state.is_quiet([RanksConsumed(0, (0, 1), stimulus_id="c01")])
     assert state.handle(delivered, BatchConsumed(0, 0, stimulus_id="c0")) == [
-        ReleaseBatch(0, 0, stimulus_id="c0")]  # a group released, nothing planned
+        ReleaseBatch(0, (0,), stimulus_id="c0")]  # a group released, nothing planned
     assert not state.is_quiet([BatchConsumed(0, 1, stimulus_id="c1")])  # would complete step 0
     out = state.handle(BatchConsumed(0, 1, stimulus_id="c1"))
     assert any(isinstance(i, (LoadChunk, ReleaseChunk)) for i in out) and state.consumed_step == 1
@@ -135,7 +139,7 @@ def test_broadcast_at_tp_releases_a_group_when_tp_rank_0_consumed():
     state.handle(loaded(load.chunk))
     assert state.handle(BatchConsumed(0, 1, stimulus_id="c1")) == []  # TP rank 1: broadcast
     out = state.handle(BatchConsumed(0, 0, stimulus_id="c0"))
-    assert out[0] == ReleaseBatch(0, 0, stimulus_id="c0") and state.consumed_step == 1
+    assert out[0] == ReleaseBatch(0, (0,), stimulus_id="c0") and state.consumed_step == 1
 
 
 def test_unknown_rank_and_unplanned_step_are_trainer_errors():
@@ -157,10 +161,11 @@ def test_skipped_rows_are_passed_over_and_counted():
     extra = [i for i in out if isinstance(i, LoadChunk)]
     for ins in extra:  # the replacement may live in another chunk
         out += state.handle(loaded(ins.chunk))
-    (batch,) = [i for i in out if isinstance(i, ConstructBatch)]
+    (construct,) = [i for i in out if isinstance(i, ConstructStep)]
+    (batch,) = construct.groups()
     (ready,) = [i for i in out if isinstance(i, StepReady)]
     expected = [int(r) for r in o.take(0, 3).rows if int(r) != bad][:2]
-    assert sorted(batch.samples.row.tolist()) == sorted(expected)
+    assert sorted(batch.row.tolist()) == sorted(expected)
     assert state.skipped.tolist() == [1] and ready.summary.skipped == 1
     rep = state.dgraph.verify_exactly_once(0, 1)
     assert rep.skipped == 1 and rep.samples == 2
@@ -170,9 +175,10 @@ def test_truncation_is_counted():
     _, state = tiny(window=1, dp=1, batch=2, max_tokens=12)
     (load,) = state.handle(Tick(stimulus_id="t0"))
     out = state.handle(loaded(load.chunk, tokens=[50, 5, 7][: load.chunk.num_rows]))
-    (batch,) = [i for i in out if isinstance(i, ConstructBatch)]
-    assert batch.samples.num_tokens.max() <= 12
-    n_long = sum(1 for r in batch.samples.row.tolist() if [50, 5, 7][r - load.chunk.start] > 12)
+    (construct,) = [i for i in out if isinstance(i, ConstructStep)]
+    (batch,) = construct.groups()
+    assert batch.num_tokens.max() <= 12
+    n_long = sum(1 for r in batch.row.tolist() if [50, 5, 7][r - load.chunk.start] > 12)
     assert state.truncated == n_long and out[-1].summary.truncated == n_long
 
 
@@ -264,8 +270,8 @@ def test_the_log_describes_events_and_counts_instructions_without_keeping_them()
     for entry in entries:
         assert isinstance(entry.event, str)
         assert all(isinstance(name, str) and isinstance(n, int) for name, n in entry.instructions)
-    caused = [dict(e.instructions) for e in entries if "ConstructBatch" in dict(e.instructions)]
-    assert caused and all(c["ConstructBatch"] >= 1 for c in caused)
+    caused = [dict(e.instructions) for e in entries if "ConstructStep" in dict(e.instructions)]
+    assert caused and all(c["ConstructStep"] >= 1 for c in caused)
     loaded = [e for e in entries if e.event.startswith("ChunkLoaded(")]
     assert loaded and "rows=<" in loaded[0].event and "worker=" in loaded[0].event
 
@@ -333,8 +339,7 @@ def test_step_samples_are_grouped_by_chunk_for_the_constructor():
             .distribute(ClientPlaceTree(dp=2)).shuffle(4))
     state = PlannerState(plan, meta)
     driver = Driver(state, meta).run(3)
-    for ins in (i for i in driver.instructions if isinstance(i, ConstructBatch)):
-        s = ins.samples
+    for s in (g for i in driver.instructions if isinstance(i, ConstructStep) for g in i.groups()):
         assert np.all(np.diff(s.chunk) >= 0) and len(s.chunks) > 1
         pulled = np.concatenate([idx for _, idx in s.chunk_indices()])
         assert pulled.tolist() == s.index.tolist()
@@ -371,8 +376,14 @@ def test_acknowledgements_in_bulk_plan_exactly_what_one_event_per_rank_plans():
     assert bulk.delivered == one.delivered
     assert bulk.state.dgraph.verify_exactly_once(0, 12).ok
     assert bulk.state.checkpoint(12).to_dict() == one.state.checkpoint(12).to_dict()
-    kinds = lambda d: sorted(type(i).__name__ for i in d.instructions)  # noqa: E731
+    kinds = lambda d: sorted(type(i).__name__ for i in d.instructions  # noqa: E731
+                             if not isinstance(i, ReleaseBatch))
     assert kinds(bulk) == kinds(one)
+    # the same groups released, in fewer instructions: one per event, naming every group it completed
+    released = lambda d: sorted((i.step, dp) for i in d.instructions  # noqa: E731
+                                if isinstance(i, ReleaseBatch) for dp in i.dp_ranks)
+    assert released(bulk) == released(one) and len(set(released(one))) == len(released(one)) > plan.mesh.dp
+    assert sum(isinstance(i, ReleaseBatch) for i in bulk.instructions) < len(released(bulk))
 
 
 def test_coalescing_acknowledgements_merges_by_step_and_group():

@@ -14,7 +14,7 @@ from mdata.mesh import ClientPlaceTree
 from mdata.metadata import SourceMetadata
 from mdata.plan import Plan
 from mdata.planner import (
-    BatchConsumed, ChunkFailed, ChunkLoaded, ConstructBatch, JobFailed, LoadChunk, PlannerState,
+    BatchConsumed, ChunkFailed, ChunkLoaded, ConstructStep, JobFailed, LoadChunk, PlannerState,
     StepReady, Tick,
 )
 
@@ -57,8 +57,9 @@ def run(state: PlannerState, meta: dict, corrupt: set, until: int, error=None) -
             rows, tok, pat, bad = meta[ref.source].rows_of(ref.shard, ref.start, ref.stop)
             queue.extend(state.handle(ChunkLoaded(ref, rows, tok, pat, bad.tolist(), "w",
                                                   stimulus_id=f"load-{ref.key}")))
-        elif isinstance(ins, ConstructBatch):
-            delivered.setdefault(ins.step, []).extend(ins.samples.ids(names))
+        elif isinstance(ins, ConstructStep):
+            delivered.setdefault(ins.step, []).extend(
+                sample for group in ins.groups() for sample in group.ids(names))
         elif isinstance(ins, StepReady):
             queue.extend(state.handle(*(BatchConsumed(ins.step, r, stimulus_id=f"c-{ins.step}-{r}")
                                         for r in range(state.mesh.world_size))))
