@@ -17,10 +17,15 @@ consume it); the trainers ask for their group within the part (``GetBatchRequest
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["split_groups", "ConstructParts"]
+import numpy as np
+
+from mdata.planner.instructions import StepColumns
+from mdata.wire.construct import ConstructPart
+
+__all__ = ["split_groups", "ConstructParts", "part_of_step"]
 
 
 def split_groups(dp_ranks: Sequence[int], slots: int) -> list[list[int]]:
@@ -37,6 +42,34 @@ def split_groups(dp_ranks: Sequence[int], slots: int) -> list[list[int]]:
         out.append(ranks[at:at + n])
         at += n
     return out
+
+
+def part_of_step(step: int, columns: StepColumns, dp_ranks: Sequence[int],
+                 who_has: Callable[[tuple], Sequence[str]], settings: Mapping[str, Any]) -> ConstructPart:
+    """The construct task argument of DP groups ``dp_ranks`` (consecutive, ascending) of a step
+    planned as ``columns``: slices of the step's columns and one lookup of the holders per chunk
+    pull, no object per group. ``settings``: the plan's ``num_micro_batches`` (taken from the
+    columns when absent), ``max_tokens``, ``cp``, ``pad_id``, ``image_token_id`` and ``wait_s``."""
+    d0, d1 = int(dp_ranks[0]), int(dp_ranks[-1]) + 1
+    if list(dp_ranks) != list(range(d0, d1)):
+        raise ValueError(f"a part's DP ranks must be consecutive, got {list(dp_ranks)[:8]}")
+    sb = np.asarray(columns.sample_bounds[d0:d1 + 1], np.int64)
+    rb = np.asarray(columns.run_bounds[d0:d1 + 1], np.int64)
+    lo, hi, r0, r1 = int(sb[0]), int(sb[-1]), int(rb[0]), int(rb[-1])
+    # each sample's pull: its group's first run plus its run among the group's (``chunk``)
+    group_of = np.repeat(np.arange(d1 - d0), np.diff(sb))
+    pull_of = rb[group_of] - r0 + columns.chunk[lo:hi]
+    keys = tuple(ref.key for ref in columns.refs[r0:r1])
+    return ConstructPart(
+        step=int(step), dp_ranks=tuple(range(d0, d1)), sample_bounds=sb - lo, pull_bounds=rb - r0,
+        pull_keys=keys, pull_sizes=np.bincount(pull_of, minlength=r1 - r0).astype(np.int64),
+        holders=tuple(tuple(who_has(key)) for key in keys),
+        indices=columns.index[lo:hi].astype(np.int64), micro_batch=columns.micro_batch[lo:hi],
+        position=columns.position[lo:hi], lengths=columns.num_tokens[lo:hi],
+        sample_ids=np.stack([columns.source_index[lo:hi], columns.shard[lo:hi], columns.row[lo:hi]],
+                            axis=1),
+        num_micro_batches=int(settings.get("num_micro_batches", columns.num_micro_batches)),
+        **{f: settings[f] for f in ("max_tokens", "cp", "pad_id", "image_token_id", "wait_s")})
 
 
 class ConstructParts:

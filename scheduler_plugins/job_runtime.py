@@ -33,7 +33,7 @@ from mdata.observe import LoadHistory, SourceMeter, TrainerMeter
 from mdata.sources import SourceStorageWait
 from mdata.sources.shards import ListingExpectations
 from mdata.wire.messages import (
-    BatchLocationReply, ChunkPull, ConstructSpec, PoolDecision, Status,
+    BatchLocationReply, PoolDecision, Status,
     StatusCounters, StatusReply, StorageWaitInfo,
 )
 from mdata.planner.roster import Holder, TrainerRoster
@@ -42,7 +42,7 @@ from mdata.wire.messages import AttachReply, AttachRequest
 from mdata.wire.host_location import LocationAsk
 from scheduler_plugins import rewind
 from scheduler_plugins.batch_locations import locate_many
-from scheduler_plugins.construct_parts import ConstructParts, split_groups
+from scheduler_plugins.construct_parts import ConstructParts, part_of_step, split_groups
 from scheduler_plugins.consumption import Told, consumption_events, delivery_events
 from scheduler_plugins.job_tasks import release_job_tasks_settled
 from scheduler_plugins.lineage_store import LineageStore
@@ -376,21 +376,21 @@ class JobRuntime:
         slots = self.constructor_slots()
         parts = [(step, part) for step, ins in by_step.items()
                  for part in split_groups(ins.dp_ranks, slots)]
-        specs = {(step, dp): self._construct_spec(step, dp, by_step[step].samples(dp))
-                 for step, part in parts for dp in part}
+        settings = self._construct_settings()
+        specs = [part_of_step(step, by_step[step].columns, part, self.who_has, settings)
+                 for step, part in parts]
         # the generation keeps a rewound job's batches apart from the ones it dropped; a part is
         # named by its step and first DP rank
         keys = [("mdata-construct", self.job, self.roster.generation, step, part[0])
                 for step, part in parts]
-        futs = self.client.map(
-            construct_part_task, [[specs[step, dp].to_msg() for dp in part] for step, part in parts],
-            key=keys, resources={CONSTRUCTOR_RESOURCE: 1}, pure=False)
-        for (step, part), fut in zip(parts, futs):
+        futs = self.client.map(construct_part_task, [spec.to_msg() for spec in specs],
+                               key=keys, resources={CONSTRUCTOR_RESOURCE: 1}, pure=False)
+        for (step, part), spec, fut in zip(parts, specs, futs):
             batches = [(step, dp) for dp in part]
             self.parts.add(fut.key, batches)
             for key in batches:
                 self.batch_futures[key] = fut
-                self.data_waits.planned(step, (tuple(pull.key) for pull in specs[key].chunks))
+            self.data_waits.planned(step, spec.pull_keys)
             self._spawn(self._await_batches(batches, fut))
 
     def constructor_slots(self) -> int:
@@ -401,23 +401,12 @@ class JobRuntime:
                     for ws in self.scheduler.workers.values())
         return max(1, int(total))
 
-    def _construct_spec(self, step: int, dp_rank: int, samples: "ps.StepSamples") -> ConstructSpec:
-        return ConstructSpec(
-            step=step,
-            dp_rank=dp_rank,
-            chunks=tuple(ChunkPull(tuple(key), tuple(indices.tolist()), tuple(self.who_has(key)))
-                         for key, indices in samples.chunk_indices()),
-            micro_batch=samples.micro_batch,
-            position=samples.position,
-            lengths=samples.num_tokens,
-            sample_ids=np.stack([samples.source_index, samples.shard, samples.row], axis=1),
-            num_micro_batches=int(samples.num_micro_batches),
-            max_tokens=int(self.plan.balance_spec.max_tokens),
-            cp=int(self.plan.mesh.cp),
-            pad_id=int(self.plan.pad_id),
-            image_token_id=None if self.plan.image_token_id is None else int(self.plan.image_token_id),
-            wait_s=float(self.chunk_wait_s),
-        )
+    def _construct_settings(self) -> dict[str, Any]:
+        """The plan's batch settings every construct task carries (:func:`part_of_step`)."""
+        image = self.plan.image_token_id
+        return dict(max_tokens=int(self.plan.balance_spec.max_tokens), cp=int(self.plan.mesh.cp),
+                    pad_id=int(self.plan.pad_id), image_token_id=None if image is None else int(image),
+                    wait_s=float(self.chunk_wait_s))
 
     async def _await_batches(self, batches: list[tuple[int, int]], fut) -> None:
         """Wait for a construct task without gathering its result (the batches stay on the

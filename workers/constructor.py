@@ -20,8 +20,8 @@ from mdata.errors import MdataError
 from mdata.sources.outage_deadline import OutageDeadline
 from mdata.wire.errors import InvalidRequestError
 from mdata.wire.messages import (
-    ChunkPull, ConstructSpec, GetBatchReply, GetBatchRequest, NoHandlerError, Status, StatusRequest,
-    TakeRowsManyRequest, TakeRowsRequest, WhoHasRequest, ask,
+    ChunkPull, ConstructPart, ConstructSpec, GetBatchReply, GetBatchRequest, NoHandlerError, Status,
+    StatusRequest, TakeRowsManyRequest, TakeRowsRequest, WhoHasRequest, ask,
 )
 from workers.loader import as_key
 
@@ -215,14 +215,14 @@ def _name_group(exc: BaseException, spec: ConstructSpec) -> None:
     exc.add_note(f"while building the batch of step {spec.step} for DP rank {spec.dp_rank}")
 
 
-def construct_part_task(msgs: list[dict[str, Any]]) -> dict[int, DPBatch]:
+def construct_part_task(msg: dict[str, Any]) -> dict[int, DPBatch]:
     """Dask task body: assemble the batches of several DP groups of one step (a *part*) from
     rows held by loaders; the result maps each group's DP rank to its ``DPBatch``.
 
-    Each of ``msgs`` is a :class:`~mdata.wire.messages.ConstructSpec` as built by the Planner
-    plugin (``ConstructSpec.to_msg()``): the chunks to pull (key, row indices, who held them), the
-    per-sample assignment columns in the order of the concatenated pulled rows, the plan's batch
-    settings and how long to wait for a chunk. One task per constructor slot and step, not one
+    ``msg`` is a :class:`~mdata.wire.messages.ConstructPart` as built by the Planner plugin
+    (``ConstructPart.to_msg()``), read into one ``ConstructSpec`` per group: the chunks to pull
+    (key, row indices, who held them), the per-sample assignment columns in the order of the
+    concatenated pulled rows, the plan's batch settings and how long to wait for a chunk. One task per constructor slot and step, not one
     per group, is what keeps the scheduler's work per step from growing with DP groups (each
     task costs it the same, whatever it builds). The groups' rows are pulled concurrently; the
     batches are packed one after the other (CPU work in the task's one thread). A group that
@@ -231,7 +231,7 @@ def construct_part_task(msgs: list[dict[str, Any]]) -> dict[int, DPBatch]:
     from distributed import get_worker
     from distributed.utils import sync
 
-    specs = [ConstructSpec.from_msg(msg) for msg in msgs]
+    specs = ConstructPart.from_msg(msg).specs()
     worker = get_worker()
     wait_s = max(spec.wait_s for spec in specs)
     deadline = OutageDeadline(wait_s, time.monotonic(),

@@ -1,7 +1,8 @@
 """Messages of a construct task: its spec (from the Planner), where chunks live (asked of the
 Planner) and the rows it pulls from loaders.
 
-* Planner -> constructor: :class:`ConstructSpec`, the argument of the construct task;
+* Planner -> constructor: :class:`ConstructPart`, the argument of the construct task (several
+  DP groups of a step in one set of columns), read into one :class:`ConstructSpec` per group;
 * constructor -> Planner: :class:`WhoHasRequest`;
 * constructor -> loader: :class:`TakeRowsRequest`, answered with a
   :class:`~mdata.sources.SampleChunk` as a ``to_serialize`` object, as it always travelled; or
@@ -25,7 +26,7 @@ from mdata.wire.codec import (
 
 __all__ = [
     "WhoHasRequest", "WhoHasReply", "TakeRowsRequest", "TakeRowsReply", "TakeRowsManyRequest",
-    "TakeRowsManyReply", "ChunkPull", "ConstructSpec",
+    "TakeRowsManyReply", "ChunkPull", "ConstructSpec", "ConstructPart",
 ]
 
 
@@ -119,6 +120,145 @@ class ConstructSpec(Message):
         )
         r.done()
         return out
+
+
+@dataclass(frozen=True, eq=False)
+class ConstructPart(Message):
+    """A construct task's argument: the batches of several DP groups of one step (a *part*), in
+    one set of columns, read into one :class:`ConstructSpec` per group by :meth:`specs`.
+
+    Why columns: a part at 16k GPUs holds 512 groups of two samples each, and a spec per group
+    was about 40 objects (its pulls, their keys, index tuples and holder lists, its arrays) to
+    build, pickle and unpickle on the scheduler's loop, twice (the client's graph, then the task
+    to the worker). Here a part is a dozen arrays and two lists, whatever its size.
+
+    Group ``g`` (DP rank ``dp_ranks[g]``) has samples ``sample_bounds[g]:sample_bounds[g + 1]``
+    of the per-sample columns and pulls ``pull_bounds[g]:pull_bounds[g + 1]``; pull ``p`` takes
+    rows ``indices`` (``pull_sizes[p]`` of them, in order) of the chunk ``pull_keys[p]``, held
+    by ``holders[p]`` when the step was planned. The batch settings are the part's, once.
+    """
+
+    step: int
+    dp_ranks: tuple[int, ...]
+    sample_bounds: np.ndarray
+    pull_bounds: np.ndarray
+    pull_keys: tuple[tuple, ...]
+    pull_sizes: np.ndarray
+    holders: tuple[tuple[str, ...], ...]
+    indices: np.ndarray
+    micro_batch: np.ndarray
+    position: np.ndarray
+    lengths: np.ndarray
+    sample_ids: np.ndarray
+    num_micro_batches: int
+    max_tokens: int
+    cp: int
+    pad_id: int
+    image_token_id: int | None
+    wait_s: float
+
+    _ARRAYS = ("sample_bounds", "pull_bounds", "pull_sizes", "indices", "micro_batch", "position",
+               "lengths", "sample_ids")
+    _SETTINGS = ("num_micro_batches", "max_tokens", "cp", "pad_id", "image_token_id", "wait_s")
+
+    def __len__(self) -> int:
+        return len(self.dp_ranks)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ConstructPart):
+            return NotImplemented
+        return all(
+            np.array_equal(getattr(self, f), getattr(other, f)) if f in self._ARRAYS
+            else getattr(self, f) == getattr(other, f)
+            for f in self.__dataclass_fields__
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    @classmethod
+    def of(cls, specs: "list[ConstructSpec]") -> "ConstructPart":
+        """The part of these groups' specs (one step, the same settings): what the runtime
+        builds from a step's columns directly, made from specs (tests, tools)."""
+        if not specs:
+            raise ValueError("a part holds at least one group")
+        first = specs[0]
+        pulls = [pull for spec in specs for pull in spec.chunks]
+        return cls(
+            step=first.step, dp_ranks=tuple(spec.dp_rank for spec in specs),
+            sample_bounds=np.cumsum([0] + [spec.lengths.size for spec in specs]),
+            pull_bounds=np.cumsum([0] + [len(spec.chunks) for spec in specs]),
+            pull_keys=tuple(pull.key for pull in pulls),
+            pull_sizes=np.array([len(pull.indices) for pull in pulls], np.int64),
+            holders=tuple(pull.who_has for pull in pulls),
+            indices=np.array([i for pull in pulls for i in pull.indices], np.int64),
+            micro_batch=np.concatenate([spec.micro_batch for spec in specs]),
+            position=np.concatenate([spec.position for spec in specs]),
+            lengths=np.concatenate([spec.lengths for spec in specs]),
+            sample_ids=np.concatenate([spec.sample_ids.reshape(-1, 3) for spec in specs]),
+            **{f: getattr(first, f) for f in cls._SETTINGS})
+
+    def specs(self) -> list[ConstructSpec]:
+        """One :class:`ConstructSpec` per group, in ``dp_ranks`` order."""
+        sb, pb = self.sample_bounds.tolist(), self.pull_bounds.tolist()
+        ends = np.cumsum(self.pull_sizes).tolist()
+        starts = [0] + ends[:-1]
+        indices = self.indices.tolist()
+        pulls = [ChunkPull(key, tuple(indices[a:b]), holders)
+                 for key, a, b, holders in zip(self.pull_keys, starts, ends, self.holders)]
+        settings = {f: getattr(self, f) for f in self._SETTINGS}
+        return [ConstructSpec(
+            step=self.step, dp_rank=dp, chunks=tuple(pulls[pb[g]:pb[g + 1]]),
+            micro_batch=self.micro_batch[sb[g]:sb[g + 1]], position=self.position[sb[g]:sb[g + 1]],
+            lengths=self.lengths[sb[g]:sb[g + 1]], sample_ids=self.sample_ids[sb[g]:sb[g + 1]],
+            **settings) for g, dp in enumerate(self.dp_ranks)]
+
+    def to_msg(self) -> dict[str, Any]:
+        out: dict[str, Any] = {f: getattr(self, f) for f in self._ARRAYS}
+        out.update(step=self.step, dp_ranks=list(self.dp_ranks),
+                   pull_keys=[key_msg(k) for k in self.pull_keys],
+                   holders=[list(h) for h in self.holders],
+                   **{f: getattr(self, f) for f in self._SETTINGS})
+        return out
+
+    @classmethod
+    def from_msg(cls, msg: Any) -> "ConstructPart":
+        r = Reader(cls.__name__, msg)
+        dp_ranks = int_tuple(r.raw("dp_ranks"), r, "dp_ranks")
+        arrays = {f: int_array(r.raw(f), r, f, ndim=2 if f == "sample_ids" else 1) for f in cls._ARRAYS}
+        keys = r.list("pull_keys", key_of)
+        holders = r.list("holders", list_of(check_str))
+        out = cls(step=r.int("step"), dp_ranks=dp_ranks, pull_keys=keys, holders=holders, **arrays,
+                  num_micro_batches=r.int("num_micro_batches"), max_tokens=r.int("max_tokens"),
+                  cp=r.int("cp"), pad_id=r.int("pad_id"),
+                  image_token_id=r.optional("image_token_id", check_int, required=True),
+                  wait_s=r.float("wait_s"))
+        r.done()
+        out._check(r)
+        return out
+
+    def _check(self, r: Reader) -> None:
+        """The columns agree: bounds run from 0 over every sample and pull, each group's pulls
+        hold as many rows as it has samples, every per-sample column has one row per sample."""
+        groups, n, pulls = len(self.dp_ranks), self.indices.size, len(self.pull_keys)
+        if not groups:
+            raise r.fail("dp_ranks", "must name at least one group")
+        for name, bounds, total in (("sample_bounds", self.sample_bounds, n),
+                                    ("pull_bounds", self.pull_bounds, pulls)):
+            if bounds.size != groups + 1 or bounds[0] != 0 or bounds[-1] != total \
+                    or np.any(np.diff(bounds) < 0):
+                raise r.fail(name, f"must rise from 0 to {total} in {groups + 1} steps, "
+                                   f"got {bounds.tolist()[:8]!r:.80}")
+        if self.pull_sizes.size != pulls or len(self.holders) != pulls \
+                or np.any(self.pull_sizes < 0) or int(self.pull_sizes.sum()) != n:
+            raise r.fail("pull_sizes", f"must give each of {pulls} pulls its rows, {n} in all")
+        rows = np.concatenate([[0], np.cumsum(self.pull_sizes)])[self.pull_bounds]
+        if not np.array_equal(rows, self.sample_bounds):
+            raise r.fail("pull_sizes", "each group's pulls must hold as many rows as it has samples")
+        for f in ("micro_batch", "position", "lengths", "sample_ids"):
+            array = getattr(self, f)
+            if array.shape[0] != n or (f == "sample_ids" and array.shape[1:] != (3,)):
+                raise r.fail(f, f"has shape {array.shape}, but the pulls hold {n} rows"
+                             + (" (expected [n, 3])" if f == "sample_ids" else ""))
 
 
 # -- constructor -> Planner ----------------------------------------------------------------------

@@ -23,7 +23,7 @@ handler (:class:`Handler`)     request                    reply
 ``mdata_get_batch``            GetBatchRequest            GetBatchReply (OK/missing), on constructors
 ``mdata_storage_waits``        StorageWaitsRequest        StorageWaitsReply, on any mdata worker
 ``mdata_set_role``             SetRoleRequest             SetRoleReply (resources), on pool workers
-(construct task argument)      ConstructSpec              the task's result stays on the worker
+(construct task argument)      ConstructPart              the task's result stays on the worker
 =============================  =========================  ==========================================
 
 Those down to ``mdata_close_job`` (and ``mdata_attach``, ``mdata_detach``, ``mdata_scaler_report``)
@@ -45,7 +45,7 @@ from typing import Any, TypeVar
 
 from mdata.wire.codec import Handler, Message, Request, Status
 from mdata.wire.construct import (
-    ChunkPull, ConstructSpec, TakeRowsManyReply, TakeRowsManyRequest, TakeRowsReply,
+    ChunkPull, ConstructPart, ConstructSpec, TakeRowsManyReply, TakeRowsManyRequest, TakeRowsReply,
     TakeRowsRequest, WhoHasReply, WhoHasRequest,
 )
 from mdata.wire.delivery import (
@@ -98,7 +98,7 @@ __all__ = [
     "AttachRequest", "AttachReply", "DetachRequest",
     # construct
     "WhoHasRequest", "WhoHasReply", "TakeRowsRequest", "TakeRowsReply", "TakeRowsManyRequest",
-    "TakeRowsManyReply", "ChunkPull", "ConstructSpec",
+    "TakeRowsManyReply", "ChunkPull", "ConstructSpec", "ConstructPart",
     # storage waits
     "StorageWaitsRequest", "StorageWaitsReply", "WorkerStorageWait", "StorageWaitInfo",
     # loader pools' roles (standbys)

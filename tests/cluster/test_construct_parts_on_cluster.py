@@ -14,7 +14,7 @@ from mdata.cost import AttentionCost
 from mdata.driver import submit_job
 from mdata.mesh import ClientPlaceTree
 from mdata.plan import Plan
-from mdata.wire.messages import ChunkPull, ConstructSpec
+from mdata.wire.messages import ChunkPull, ConstructPart, ConstructSpec
 from workers.constructor import ChunkReleasedError, construct_part_task
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
@@ -63,7 +63,7 @@ def test_a_group_that_cannot_be_built_is_named_in_its_parts_error(client):
         micro_batch=np.zeros(1, np.int64), position=np.zeros(1, np.int64),
         lengths=np.ones(1, np.int64), sample_ids=np.zeros((1, 3), np.int64),
         num_micro_batches=1, max_tokens=64, cp=1, pad_id=0, image_token_id=None, wait_s=1.0)
-    fut = client.submit(construct_part_task, [spec.to_msg()], resources={"mdata_constructor": 1},
+    fut = client.submit(construct_part_task, ConstructPart.of([spec]).to_msg(), resources={"mdata_constructor": 1},
                         pure=False)
     with pytest.raises(ChunkReleasedError, match="released by its job") as info:
         fut.result(timeout=60)

@@ -45,3 +45,44 @@ def test_clear_forgets_every_part():
     parts.add("task-a", [(1, 0)])
     parts.clear()
     assert len(parts) == 0
+
+
+def test_a_part_built_from_a_step_s_columns_gives_each_group_the_spec_of_its_own_view():
+    """The runtime builds a construct task's argument from the Planner's step columns directly
+    (``part_of_step``); each group's spec must be what its own samples view says."""
+    import numpy as np
+
+    from mdata.mesh import ClientPlaceTree
+    from mdata.plan import Plan
+    from mdata.planner import ConstructStep, PlannerState
+    from mdata.wire.construct import ChunkPull, ConstructSpec
+    from planner_driver import Driver, lognormal_metadata
+    from scheduler_plugins.construct_parts import part_of_step
+
+    meta = {"web": lognormal_metadata("web", 4, 500, 6.0, seed=4),
+            "code": lognormal_metadata("code", 2, 90, 7.0, seed=5)}
+    plan = (Plan(["web", "code"]).mix({"web": 3, "code": 1})
+            .balance(micro_batches=2, max_tokens=8192, global_batch=40)
+            .distribute(ClientPlaceTree(dp=8)).shuffle(4))
+    driver = Driver(PlannerState(plan, meta), meta).run(3)
+    settings = dict(max_tokens=8192, cp=1, pad_id=0, image_token_id=None, wait_s=30.0)
+    holders = lambda key: (f"tcp://holder-of-{key[2]}:{key[4]}",)  # noqa: E731
+    steps = [i for i in driver.instructions if isinstance(i, ConstructStep)]
+    assert steps
+    for ins in steps:
+        for part in split_groups(ins.dp_ranks, 3):
+            got = part_of_step(ins.step, ins.columns, part, holders, settings).specs()
+            want = []
+            for dp in part:
+                s = ins.samples(dp)
+                want.append(ConstructSpec(
+                    step=ins.step, dp_rank=dp,
+                    chunks=tuple(ChunkPull(key, tuple(idx.tolist()), holders(key))
+                                 for key, idx in s.chunk_indices()),
+                    micro_batch=s.micro_batch, position=s.position, lengths=s.num_tokens,
+                    sample_ids=np.stack([s.source_index, s.shard, s.row], axis=1),
+                    num_micro_batches=s.num_micro_batches, **settings))
+            assert got == want
+            assert sum(len(spec.lengths) for spec in got) == sum(len(ins.samples(dp)) for dp in part)
+    with pytest.raises(ValueError, match="consecutive"):
+        part_of_step(steps[0].step, steps[0].columns, [0, 2], holders, settings)

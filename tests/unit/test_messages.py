@@ -648,3 +648,55 @@ def test_a_bad_inline_array_names_its_field(value, match):
 
     with pytest.raises(MessageError, match=f"lengths.*{match}"):
         int_array(value, Reader("ConstructSpec", {}), "lengths", ndim=1)
+
+
+def _group_specs() -> list:
+    settings = dict(num_micro_batches=2, max_tokens=64, cp=1, pad_id=0, image_token_id=None, wait_s=9.0)
+    return [
+        m.ConstructSpec(
+            step=4, dp_rank=6,
+            chunks=(m.ChunkPull(("mdata-load", "job", "chat", 0, 0), (0, 2), ("tcp://a:1",)),
+                    m.ChunkPull(("mdata-load", "job", "code", 1, 256), (1,), ())),
+            micro_batch=np.array([0, 0, 1], np.int32), position=np.array([0, 1, 0], np.int32),
+            lengths=np.array([10, 20, 30], np.int32),
+            sample_ids=np.array([[0, 0, 0], [0, 0, 2], [1, 1, 257]], np.int64), **settings),
+        m.ConstructSpec(  # a group with no sample keeps its place
+            step=4, dp_rank=7, chunks=(), micro_batch=np.zeros(0, np.int32),
+            position=np.zeros(0, np.int32), lengths=np.zeros(0, np.int32),
+            sample_ids=np.zeros((0, 3), np.int64), **settings),
+        m.ConstructSpec(
+            step=4, dp_rank=8,
+            chunks=(m.ChunkPull(("mdata-load", "job", "chat", 0, 0), (5,), ("tcp://a:1", "tcp://b:2")),),
+            micro_batch=np.array([1], np.int32), position=np.array([0], np.int32),
+            lengths=np.array([7], np.int32), sample_ids=np.array([[0, 0, 5]], np.int64), **settings),
+    ]
+
+
+def test_a_construct_part_carries_its_groups_in_columns_and_reads_back_their_specs():
+    """A construct task's argument is a part of a step (several DP groups) in one set of
+    columns; read back, it gives every group's spec as a spec of its own would."""
+    from distributed.protocol import deserialize, serialize
+
+    specs = _group_specs()
+    part = m.ConstructPart.of(specs)
+    assert len(part) == 3 and part.dp_ranks == (6, 7, 8) and part.pull_sizes.tolist() == [2, 1, 1]
+    header, frames = serialize(part.to_msg(), serializers=("pickle",))
+    back = m.ConstructPart.from_msg(deserialize(header, frames))
+    assert back == part and back.specs() == specs
+    assert m.ConstructPart.from_msg(part.to_msg()).specs()[2].chunks[0].who_has == ("tcp://a:1", "tcp://b:2")
+    with pytest.raises(ValueError, match="at least one group"):
+        m.ConstructPart.of([])
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"sample_bounds": np.array([0, 3, 2, 4])}, "'sample_bounds' must rise from 0 to 4"),
+    ({"pull_bounds": np.array([0, 2, 2])}, "'pull_bounds' must rise from 0 to 3 in 4 steps"),
+    ({"pull_sizes": np.array([1, 1, 2])}, "each group's pulls must hold as many rows as it has samples"),
+    ({"pull_sizes": np.array([2, 1])}, "'pull_sizes' must give each of 3 pulls its rows"),
+    ({"lengths": np.array([1, 2, 3])}, r"'lengths' has shape \(3,\), but the pulls hold 4 rows"),
+    ({"dp_ranks": []}, "'dp_ranks' must name at least one group"),
+])
+def test_a_construct_part_whose_columns_disagree_names_the_field(change, match):
+    msg = {**m.ConstructPart.of(_group_specs()).to_msg(), **change}
+    with pytest.raises(MessageError, match=f"ConstructPart.*{match}"):
+        m.ConstructPart.from_msg(msg)
