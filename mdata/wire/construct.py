@@ -14,7 +14,7 @@ Planner) and the rows it pulls from loaders.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -51,8 +51,40 @@ class ChunkPull(Message):
                    list_of(check_str)(who_has, r, f"{name} who_has"))
 
 
+class _ColumnsEqual:
+    """Equality of a message with numpy columns (``_ARRAYS``): field by field, arrays by value."""
+
+    _ARRAYS: tuple[str, ...] = ()
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return all(
+            np.array_equal(getattr(self, f), getattr(other, f)) if f in self._ARRAYS
+            else getattr(self, f) == getattr(other, f)
+            for f in self.__dataclass_fields__  # type: ignore[attr-defined]
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class _BatchSettings:
+    """The plan's batch settings every construct message carries, each required, by keyword."""
+
+    FIELDS: ClassVar[tuple[str, ...]] = (
+        "num_micro_batches", "max_tokens", "cp", "pad_id", "image_token_id", "wait_s")
+
+    num_micro_batches: int
+    max_tokens: int
+    cp: int
+    pad_id: int
+    image_token_id: int | None
+    wait_s: float
+
+
 @dataclass(frozen=True, eq=False)
-class ConstructSpec(Message):
+class ConstructSpec(_ColumnsEqual, _BatchSettings, Message):
     """Everything a construct task needs to build the batch of one DP group for one step.
 
     ``chunks`` are pulled in order and their rows concatenated; the per-sample columns
@@ -70,25 +102,8 @@ class ConstructSpec(Message):
     position: np.ndarray
     lengths: np.ndarray
     sample_ids: np.ndarray
-    num_micro_batches: int
-    max_tokens: int
-    cp: int
-    pad_id: int
-    image_token_id: int | None
-    wait_s: float
 
     _ARRAYS = ("micro_batch", "position", "lengths", "sample_ids")
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, ConstructSpec):
-            return NotImplemented
-        return all(
-            np.array_equal(getattr(self, f), getattr(other, f)) if f in self._ARRAYS
-            else getattr(self, f) == getattr(other, f)
-            for f in self.__dataclass_fields__
-        )
-
-    __hash__ = None  # type: ignore[assignment]
 
     def to_msg(self) -> dict[str, Any]:
         return {
@@ -106,24 +121,32 @@ class ConstructSpec(Message):
         chunks = r.list("chunks", ChunkPull.read)
         columns = {f: int_array(r.raw(f), r, f, ndim=2 if f == "sample_ids" else 1)
                    for f in cls._ARRAYS}
-        n = sum(len(c.indices) for c in chunks)
-        for f, array in columns.items():
-            if array.shape[0] != n or (f == "sample_ids" and array.shape[1:] != (3,)):
-                raise r.fail(f, f"has shape {array.shape}, but the chunks hold {n} rows"
-                             + (" (expected [n, 3])" if f == "sample_ids" else ""))
-        out = cls(
-            step=r.int("step"), dp_rank=r.int("dp_rank"), chunks=chunks, **columns,
-            num_micro_batches=r.int("num_micro_batches"), max_tokens=r.int("max_tokens"),
-            cp=r.int("cp"), pad_id=r.int("pad_id"),
-            image_token_id=r.optional("image_token_id", check_int, required=True),
-            wait_s=r.float("wait_s"),
-        )
+        _check_samples(r, columns, sum(len(c.indices) for c in chunks), "chunks")
+        out = cls(step=r.int("step"), dp_rank=r.int("dp_rank"), chunks=chunks, **columns,
+                  **_read_settings(r))
         r.done()
         return out
 
 
+def _read_settings(r: Reader) -> dict[str, Any]:
+    """A construct message's batch settings (every one required)."""
+    return dict(num_micro_batches=r.int("num_micro_batches"), max_tokens=r.int("max_tokens"),
+                cp=r.int("cp"), pad_id=r.int("pad_id"),
+                image_token_id=r.optional("image_token_id", check_int, required=True),
+                wait_s=r.float("wait_s"))
+
+
+def _check_samples(r: Reader, columns: dict[str, np.ndarray], n: int, held_by: str) -> None:
+    """Every per-sample column has one row per pulled row (``sample_ids`` three columns)."""
+    for f in ("micro_batch", "position", "lengths", "sample_ids"):
+        array = columns[f]
+        if array.shape[0] != n or (f == "sample_ids" and array.shape[1:] != (3,)):
+            raise r.fail(f, f"has shape {array.shape}, but the {held_by} hold {n} rows"
+                         + (" (expected [n, 3])" if f == "sample_ids" else ""))
+
+
 @dataclass(frozen=True, eq=False)
-class ConstructPart(Message):
+class ConstructPart(_ColumnsEqual, _BatchSettings, Message):
     """A construct task's argument: the batches of several DP groups of one step (a *part*), in
     one set of columns, read into one :class:`ConstructSpec` per group by :meth:`specs`.
 
@@ -150,30 +173,13 @@ class ConstructPart(Message):
     position: np.ndarray
     lengths: np.ndarray
     sample_ids: np.ndarray
-    num_micro_batches: int
-    max_tokens: int
-    cp: int
-    pad_id: int
-    image_token_id: int | None
-    wait_s: float
 
     _ARRAYS = ("sample_bounds", "pull_bounds", "pull_sizes", "indices", "micro_batch", "position",
                "lengths", "sample_ids")
-    _SETTINGS = ("num_micro_batches", "max_tokens", "cp", "pad_id", "image_token_id", "wait_s")
+    _SETTINGS = _BatchSettings.FIELDS
 
     def __len__(self) -> int:
         return len(self.dp_ranks)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, ConstructPart):
-            return NotImplemented
-        return all(
-            np.array_equal(getattr(self, f), getattr(other, f)) if f in self._ARRAYS
-            else getattr(self, f) == getattr(other, f)
-            for f in self.__dataclass_fields__
-        )
-
-    __hash__ = None  # type: ignore[assignment]
 
     @classmethod
     def of(cls, specs: "list[ConstructSpec]") -> "ConstructPart":
@@ -228,10 +234,7 @@ class ConstructPart(Message):
         keys = r.list("pull_keys", key_of)
         holders = r.list("holders", list_of(check_str))
         out = cls(step=r.int("step"), dp_ranks=dp_ranks, pull_keys=keys, holders=holders, **arrays,
-                  num_micro_batches=r.int("num_micro_batches"), max_tokens=r.int("max_tokens"),
-                  cp=r.int("cp"), pad_id=r.int("pad_id"),
-                  image_token_id=r.optional("image_token_id", check_int, required=True),
-                  wait_s=r.float("wait_s"))
+                  **_read_settings(r))
         r.done()
         out._check(r)
         return out
@@ -254,11 +257,7 @@ class ConstructPart(Message):
         rows = np.concatenate([[0], np.cumsum(self.pull_sizes)])[self.pull_bounds]
         if not np.array_equal(rows, self.sample_bounds):
             raise r.fail("pull_sizes", "each group's pulls must hold as many rows as it has samples")
-        for f in ("micro_batch", "position", "lengths", "sample_ids"):
-            array = getattr(self, f)
-            if array.shape[0] != n or (f == "sample_ids" and array.shape[1:] != (3,)):
-                raise r.fail(f, f"has shape {array.shape}, but the pulls hold {n} rows"
-                             + (" (expected [n, 3])" if f == "sample_ids" else ""))
+        _check_samples(r, {f: getattr(self, f) for f in self._ARRAYS}, n, "pulls")
 
 
 # -- constructor -> Planner ----------------------------------------------------------------------
