@@ -15,3 +15,16 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_configure(config):
+    """Ctrl-C reaches the processes the tests start. A suite started in the background by a
+    non-interactive shell (``cmd &``, ``nohup``, some CI runners) inherits SIGINT *ignored*, and
+    every ``mdata cluster up`` it starts inherits that too, so the tests' Ctrl-C (how a user
+    stops it) never arrived and each such test waited out its minute. With a handler here, a
+    child starts with SIGINT at its default again (an exec resets handled signals, never ignored
+    ones), as from a terminal."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
