@@ -118,6 +118,7 @@ def cluster_up_cli(args: argparse.Namespace) -> int:
     tls = tls_files_from_args(args)  # None: plain TCP; else tls:// for every process (mdata.driver.tls)
     security = None if tls is None else cluster_security(tls)
     dedicate_process()  # this process only serves: its scheduler may freeze (mdata.gc_freeze)
+    _stop_on_sigterm()
     with start_cluster(sources, layout=layout, constructors=args.constructors, host=args.host,
                        dashboard_address=args.dashboard_address, scheduler_port=args.port,
                        security=security) as c:
@@ -139,6 +140,18 @@ def cluster_up_cli(args: argparse.Namespace) -> int:
             except KeyboardInterrupt:
                 pass
     return 0
+
+
+def _stop_on_sigterm() -> None:
+    """SIGTERM (``kill``, systemd, Kubernetes) stops the cluster as Ctrl-C does, closing the
+    Planner's jobs, the workers and the scheduler in order, and the command exits 0. Without
+    this, SIGTERM ended the process at once: its workers went with it, but nothing closed."""
+    import signal
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
 
 
 def _register(client, plan, args: argparse.Namespace) -> None:

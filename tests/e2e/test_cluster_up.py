@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -124,10 +125,10 @@ def cluster_up(*args: str) -> subprocess.Popen:
     return proc
 
 
-def stop(proc: subprocess.Popen) -> None:
-    """Ctrl-C: the cluster shuts down cleanly, without a traceback in its log, which holds no
-    Dask INFO line (Dask logs at WARNING unless `-v` asks for more)."""
-    proc.send_signal(signal.SIGINT)
+def stop(proc: subprocess.Popen, how: int = signal.SIGINT) -> None:
+    """Ctrl-C (or ``how``): the cluster shuts down cleanly, without a traceback in its log,
+    which holds no Dask INFO line (Dask logs at WARNING unless `-v` asks for more)."""
+    proc.send_signal(how)
     assert proc.wait(timeout=60) == 0
     proc.log.seek(0)
     log = proc.log.read()
@@ -171,7 +172,13 @@ def test_cluster_up_listens_on_loopback_only_with_a_dashboard_address_without_ho
         assert dashboard.port in {port for _, port in sockets[proc.pid]}, sockets
         assert not_loopback(sockets) == {}, sockets
     finally:
-        stop(proc)
+        # stopped as systemd or Kubernetes stop it (SIGTERM): as cleanly as by Ctrl-C, and no
+        # process of its tree is left
+        stop(proc, signal.SIGTERM)
+    deadline = time.monotonic() + 20
+    while any(Path(f"/proc/{pid}").exists() for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [pid for pid in pids if Path(f"/proc/{pid}").exists()]
 
 
 def test_a_plan_whose_source_path_matches_nothing_fails_in_one_line(tmp_path):
