@@ -79,11 +79,11 @@ class PlannedStep:
         self.groups_done = 0
         self.balanced = False
 
-    def chunk_keys(self) -> list[int]:
+    def chunk_keys(self) -> np.ndarray:
         """Chunk keys (see :func:`~mdata.planner.chunk_table.chunk_key`) of its provisional
         samples, ascending: the order in which their loads are requested."""
         src, _, _, chunk, _ = self.taken
-        return np.unique((src << SHIFT) | chunk).tolist()
+        return np.unique((src << SHIFT) | chunk)
 
 
 class Provisioner:

@@ -88,7 +88,7 @@ class StepAssigner:
         np.cumsum(first, out=starts[1:])  # runs that start before each sample
         base = starts[bounds]  # rank d's chunks are runs [base[d], base[d + 1]) of the step
         local = (starts[1:] - 1 - base[rank_o]).astype(np.int32)  # chunk among its rank's
-        refs = refs_of(keys_o[first].tolist())
+        refs = refs_of(keys_o[first])
         columns = StepColumns(
             refs, local, index.astype(np.int32)[order], a.micro_batch[order], a.position[order],
             trunc[order], ids[order], src.astype(np.int32)[order], shard.astype(np.int32)[order],

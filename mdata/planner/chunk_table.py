@@ -22,17 +22,10 @@ import numpy as np
 
 from mdata.errors import MdataError
 from mdata.order import ChunkRef, SourceOrder
+from mdata.planner.chunk_arrays import MASK, SHIFT, ChunkRecords, FeatureStore, chunk_key
 from mdata.planner.instructions import Instruction, LoadChunk, ReleaseChunk
 
 __all__ = ["ChunkTable", "FeatureStore", "NotLoaded", "chunk_key", "SHIFT", "MASK"]
-
-SHIFT = 40  # int key of a chunk: source_index << SHIFT | chunk_id
-MASK = (1 << SHIFT) - 1
-
-
-def chunk_key(source_index: int, chunk_id: int) -> int:
-    """The table's int key of chunk ``chunk_id`` of source ``source_index``."""
-    return (source_index << SHIFT) | chunk_id
 
 
 class NotLoaded(Exception):
@@ -43,48 +36,16 @@ class NotLoaded(Exception):
         self.missing = missing
 
 
-class FeatureStore:
-    """Cost features of loaded chunks, one fixed-width row ("slot") per chunk, reused when freed.
-
-    ``index[slot, r - start]`` is the position of row ``r`` among the chunk's kept rows, or -1 if
-    the loader skipped it; the per-step gather is then one vectorised lookup for all sources.
-    """
-
-    def __init__(self, width: int, capacity: int = 64) -> None:
-        self.width = width
-        self.tokens = np.zeros((capacity, width), np.int32)
-        self.patches = np.zeros((capacity, width), np.int32)
-        self.index = np.full((capacity, width), -1, np.int32)
-        self.free = list(range(capacity - 1, -1, -1))
-
-    def put(self, offsets: np.ndarray, tokens: np.ndarray, patches: np.ndarray) -> int:
-        """Store a chunk's kept rows (``offsets`` from its start) and features; returns its slot."""
-        if not self.free:  # double the capacity
-            n = self.tokens.shape[0]
-            self.tokens = np.vstack([self.tokens, np.zeros((n, self.width), np.int32)])
-            self.patches = np.vstack([self.patches, np.zeros((n, self.width), np.int32)])
-            self.index = np.vstack([self.index, np.full((n, self.width), -1, np.int32)])
-            self.free = list(range(2 * n - 1, n - 1, -1))
-        slot = self.free.pop()
-        self.index[slot] = -1
-        self.index[slot, offsets] = np.arange(offsets.size, dtype=np.int32)
-        self.tokens[slot, offsets] = tokens
-        self.patches[slot, offsets] = patches
-        return slot
-
-    def release(self, slot: int) -> None:
-        self.free.append(slot)
+_NO_KEYS = np.zeros(0, np.int64)
 
 
-class _Chunk:
-    __slots__ = ("ref", "loaded", "slot", "needed_by", "worker")
-
-    def __init__(self, ref: ChunkRef) -> None:
-        self.ref = ref
-        self.loaded = False
-        self.slot = -1
-        self.needed_by: dict[int, None] = {}  # planned steps that need it, in the order they came
-        self.worker: str | None = None
+def _distinct(keys) -> np.ndarray:
+    """``keys`` as an int64 array without repeats, in the order they first appear."""
+    keys = np.asarray(keys, np.int64).ravel()
+    if keys.size < 2 or bool((keys[1:] > keys[:-1]).all()):  # ascending already: the usual case
+        return keys
+    _, first = np.unique(keys, return_index=True)
+    return keys[np.sort(first)]
 
 
 class ChunkTable:
@@ -92,6 +53,11 @@ class ChunkTable:
 
     ``orders`` are the sources' :class:`~mdata.order.SourceOrder` (they name a chunk's rows and
     its shuffle window); ``width`` is the most rows a chunk may have (the store's row width).
+
+    A chunk's record counts the planned steps that need it; a chunk no step needs is *held*
+    while its chunk id is inside its source's current window, and dropped otherwise. Records
+    are arrays (:class:`~mdata.planner.chunk_arrays.ChunkRecords`); a loaded chunk's handle for :meth:`fill` is its record
+    number.
     """
 
     def __init__(self, orders: Sequence[SourceOrder], job: str, width: int) -> None:
@@ -99,23 +65,23 @@ class ChunkTable:
         self.orders = orders
         self.job = job
         self.store = FeatureStore(width)
-        self._chunks: dict[int, _Chunk] = {}  # requested or loaded, in request order
-        self._loaded = 0  # how many of them are loaded
+        self._r = ChunkRecords()
+        self._rec_of: dict[int, int] = {}  # key -> record, for one-chunk lookups
+        self._loaded = 0  # how many chunks are loaded
+        self._clock = 0  # orders requests and holds
         self._by_task: dict[tuple, int] = {}  # Dask task key -> int key
         self._by_worker: dict[str, dict[int, None]] = {}
-        self._step_chunks: dict[int, dict[int, None]] = {}  # step -> chunks it needs
+        self._step_chunks: dict[int, np.ndarray] = {}  # step -> keys it needs, in need order
         self._pending: dict[int, dict[int, None]] = {}  # step -> those of them not loaded yet
-        # chunks no planned step needs but whose shuffle window the source has not left yet
-        self._held: list[dict[int, None]] = [{} for _ in range(S)]
         self._win_end = np.zeros(S, np.int64)  # where each source's current window ends
         self._win_chunks: list[frozenset[int]] = [frozenset()] * S
 
     # -- queries -------------------------------------------------------------------------------
     def __len__(self) -> int:
-        return len(self._chunks)
+        return len(self._rec_of)
 
     def __contains__(self, ref: ChunkRef) -> bool:
-        return chunk_key(ref.source_index, ref.chunk_id) in self._chunks
+        return chunk_key(ref.source_index, ref.chunk_id) in self._rec_of
 
     @property
     def in_memory(self) -> int:
@@ -124,83 +90,94 @@ class ChunkTable:
         walk over every chunk was 6 ms at 10,000 sources)."""
         return self._loaded
 
+    def count_loaded(self) -> int:
+        """How many chunks are loaded, counted afresh over every record (a check of
+        :attr:`in_memory`)."""
+        return int(self._r.loaded[list(self._rec_of.values())].sum())
+
+    def loaded(self, rec: int) -> bool:
+        """Whether the chunk of record ``rec`` (from :meth:`placed`) has its features."""
+        return bool(self._r.loaded[rec])
+
     def refs(self) -> list[ChunkRef]:
         """Chunks currently requested or loaded, in request order."""
-        return [c.ref for c in self._chunks.values()]
+        recs = np.fromiter(self._rec_of.values(), np.int64, len(self._rec_of))
+        return self._r.ref[recs[np.argsort(self._r.requested[recs], kind="stable")]].tolist()
 
-    def refs_of(self, keys: Iterable[int]) -> list[ChunkRef]:
+    def refs_of(self, keys) -> list[ChunkRef]:
         """The refs of these chunk keys (each must be requested or loaded)."""
-        chunks = self._chunks
-        return [chunks[k].ref for k in keys]
+        keys = np.asarray(keys, np.int64)
+        recs, found = self._r.lookup(keys)
+        if not found.all():
+            raise KeyError(keys[~found][0].item())
+        return self._r.ref[recs].tolist()
 
     def chunks_of(self, step: int) -> list[int]:
         """Keys of the chunks ``step`` needs, in the order it first needed them."""
-        return list(self._step_chunks.get(step, ()))
+        return self._step_chunks.get(step, _NO_KEYS).tolist()
 
     def held(self) -> list[int]:
-        """Keys of the chunks kept only for their shuffle window."""
-        return [k for held in self._held for k in held]
+        """Keys of the chunks kept only for their shuffle window (by source, then by when)."""
+        r = self._r
+        recs = np.fromiter(self._rec_of.values(), np.int64, len(self._rec_of))
+        recs = recs[r.refs[recs] == 0]
+        keys = r.key[recs]
+        return keys[np.lexsort((r.held_since[recs], keys >> SHIFT))].tolist()
 
     def waiting(self, step: int) -> bool:
         """Whether some chunk ``step`` needs is not loaded yet."""
         return bool(self._pending.get(step))
 
     # -- references by steps -------------------------------------------------------------------
-    def need(self, step: int, keys: Iterable[int], sid: str, out: list[Instruction]) -> None:
+    def need(self, step: int, keys, sid: str, out: list[Instruction]) -> None:
         """``step`` needs these chunks: request the ones not requested yet, in this order."""
-        keys = list(keys)
+        keys = _distinct(keys)
+        have = self._step_chunks.get(step)
+        if have is not None and have.size:
+            keys = keys[~np.isin(keys, have)]
+        recs = self._ensure(keys, sid, out)
+        self._r.refs[recs] += 1
         pending = self._pending.setdefault(step, {})
-        chunks = self._chunks
-        for key in keys:  # _need inlined: ~1,700 keys a step at 10k sources, most needed already
-            c = chunks.get(key)
-            if c is None:
-                c = self._request(key, sid, out)
-            elif not c.needed_by:
-                self._held[key >> SHIFT].pop(key, None)
-            c.needed_by[step] = None
-            if not c.loaded:
-                pending[key] = None
-        self._step_chunks.setdefault(step, {}).update(dict.fromkeys(keys))
+        waiting = keys[~self._r.loaded[recs]]
+        if waiting.size:
+            pending.update(dict.fromkeys(waiting.tolist()))
+        self._step_chunks[step] = keys if have is None else np.concatenate([have, keys])
 
-    def settle(self, step: int, keys: Iterable[int], sid: str, out: list[Instruction]) -> None:
+    def settle(self, step: int, keys, sid: str, out: list[Instruction]) -> None:
         """``step`` was balanced on these (loaded) chunks: let go of the ones its provisional
         samples needed and its final ones do not (skipped rows moved the cursor past them)."""
-        final = dict.fromkeys(keys)
-        held = self._step_chunks.setdefault(step, {})
-        for key in [k for k in held if k not in final]:
-            del held[key]
-            self._unneed(key, step, sid, out)
-        for key in final:
-            if key not in held:
-                self._need(key, step, sid, out)
-                held[key] = None
+        final = _distinct(keys)
+        have = self._step_chunks.get(step, _NO_KEYS)
+        stale = ~np.isin(have, final)
+        self._unneed(have[stale], sid, out)
+        new = final[~np.isin(final, have)]
+        self._r.refs[self._ensure(new, sid, out)] += 1
+        self._step_chunks[step] = np.concatenate([have[~stale], new])
         self._pending.pop(step, None)
 
-    def move(self, moved: Sequence[tuple[int, list[int]]], sid: str, out: list[Instruction]) -> None:
+    def move(self, moved: Sequence[tuple[int, Sequence[int]]], sid: str,
+             out: list[Instruction]) -> None:
         """Steps' provisional samples moved (``(step, new keys)`` each): need every new chunk
         first and release the stale ones after, so a chunk moving between steps stays loaded."""
-        stale: list[tuple[int, int]] = []
+        stale: list[np.ndarray] = []
+        r = self._r
         for step, keys in moved:
-            new = dict.fromkeys(keys)
-            stale.extend((step, k) for k in self._step_chunks.get(step, ()) if k not in new)
-            self._step_chunks[step] = {}
-            self._pending[step] = {}
-            self.need(step, keys, sid, out)
-        for step, key in stale:
-            self._unneed(key, step, sid, out)
+            new = _distinct(keys)
+            have = self._step_chunks.get(step, _NO_KEYS)
+            stale.append(have[~np.isin(have, new)])
+            r.refs[self._ensure(new[~np.isin(new, have)], sid, out)] += 1
+            recs, _ = r.lookup(new)
+            self._pending[step] = dict.fromkeys(new[~r.loaded[recs]].tolist())
+            self._step_chunks[step] = new
+        for keys in stale:
+            self._unneed(keys, sid, out)
 
     def release(self, step: int, sid: str, out: list[Instruction]) -> None:
         """``step`` was consumed: it needs none of its chunks any more."""
         self._pending.pop(step, None)
-        chunks = self._chunks
-        for key in self._step_chunks.pop(step, ()):  # inlined _unneed: most stay needed by others
-            c = chunks.get(key)
-            if c is None:
-                continue
-            needed_by = c.needed_by
-            needed_by.pop(step, None)
-            if not needed_by:
-                self._unneeded(key, c, sid, out)
+        keys = self._step_chunks.pop(step, None)
+        if keys is not None and keys.size:
+            self._unneed(keys, sid, out)
 
     def roll_windows(self, cursors: np.ndarray, sid: str, out: list[Instruction]) -> None:
         """Sources whose planned cursor left its shuffle window let go of that window's chunks.
@@ -208,79 +185,102 @@ class ChunkTable:
         Call it after the steps that moved the cursors needed their chunks: the last of them may
         still draw from the old window.
         """
+        r = self._r
         for i in np.flatnonzero(cursors >= self._win_end).tolist():
             _, end, chunks = self.orders[i].window_span(int(cursors[i]))
             self._win_end[i] = end
             self._win_chunks[i] = chunks
-            held = self._held[i]
-            for key in [k for k in held if (k & MASK) not in chunks]:
-                del held[key]
-                self._drop(key, self._chunks[key], sid, out)
+            recs = r.of_source(i)
+            if not recs.size:
+                continue
+            ids = np.fromiter(chunks, np.int64, len(chunks))
+            inside = np.isin(r.key[recs] & MASK, ids)
+            r.in_window[recs] = inside
+            gone = recs[(r.refs[recs] == 0) & ~inside]  # held for the window just left
+            if gone.size:
+                self._drop(gone[np.argsort(r.held_since[gone], kind="stable")], sid, out)
 
-    def _need(self, key: int, step: int, sid: str, out: list[Instruction]) -> _Chunk:
-        c = self._chunks.get(key)
-        if c is None:
-            c = self._request(key, sid, out)
-        elif not c.needed_by:
-            self._held[key >> SHIFT].pop(key, None)
-        c.needed_by[step] = None
-        return c
+    def _ensure(self, keys: np.ndarray, sid: str, out: list[Instruction]) -> np.ndarray:
+        """Records of these distinct keys, requesting the ones not requested yet, in order."""
+        recs, found = self._r.lookup(keys)
+        if not found.all():
+            new = np.flatnonzero(~found)
+            made = np.array([self._request(k, sid, out) for k in keys[new].tolist()], np.int64)
+            recs[new] = made
+            self._r.index(keys[new], made)
+        return recs
 
-    def _request(self, key: int, sid: str, out: list[Instruction]) -> _Chunk:
+    def _request(self, key: int, sid: str, out: list[Instruction]) -> int:
         """Chunk ``key`` is not requested yet: record it and request its load."""
         i, cid = key >> SHIFT, key & MASK
         ref = self.orders[i].chunk_ref(cid, i, self.job)
-        c = self._chunks[key] = _Chunk(ref)
+        r = self._r
+        rec = self._rec_of[key] = r.take()
+        r.key[rec], r.refs[rec], r.loaded[rec] = key, 0, False
+        r.start[rec], r.ref[rec], r.worker[rec] = ref.start, ref, None
+        r.in_window[rec] = cid in self._win_chunks[i]
+        r.requested[rec] = self._clock
+        self._clock += 1
         self._by_task[ref.key] = key
         out.append(LoadChunk(ref, stimulus_id=sid))
-        return c
+        return rec
 
-    def _unneed(self, key: int, step: int, sid: str, out: list[Instruction]) -> None:
-        c = self._chunks.get(key)
-        if c is None:
+    def _unneed(self, keys: np.ndarray, sid: str, out: list[Instruction]) -> None:
+        """A step no longer needs these (distinct) chunks: the ones no step needs now are held
+        for their window, or dropped (in this order)."""
+        r = self._r
+        recs, found = r.lookup(keys)
+        recs = recs[found]
+        r.refs[recs] -= 1
+        idle = recs[r.refs[recs] == 0]
+        if not idle.size:
             return
-        c.needed_by.pop(step, None)
-        if not c.needed_by:
-            self._unneeded(key, c, sid, out)
+        inside = r.in_window[idle]
+        held = idle[inside]
+        r.held_since[held] = np.arange(self._clock, self._clock + held.size)
+        self._clock += held.size
+        if not inside.all():
+            self._drop(idle[~inside], sid, out)
 
-    def _unneeded(self, key: int, c: _Chunk, sid: str, out: list[Instruction]) -> None:
-        """No planned step needs chunk ``key`` any more: hold it for its window, or drop it."""
-        i = key >> SHIFT
-        if (key & MASK) in self._win_chunks[i]:
-            self._held[i][key] = None
-            return
-        self._drop(key, c, sid, out)
-
-    def _drop(self, key: int, c: _Chunk, sid: str, out: list[Instruction]) -> None:
-        del self._chunks[key]
-        self._by_task.pop(c.ref.key, None)
-        if c.worker is not None:
-            self._by_worker.get(c.worker, {}).pop(key, None)
-        if c.loaded:
-            self.store.release(c.slot)
-            self._loaded -= 1
-        out.append(ReleaseChunk(c.ref, stimulus_id=sid))
+    def _drop(self, recs: np.ndarray, sid: str, out: list[Instruction]) -> None:
+        """Forget these chunks (in this order) and release them."""
+        r = self._r
+        for rec in recs.tolist():
+            key, ref, worker = int(r.key[rec]), r.ref[rec], r.worker[rec]
+            del self._rec_of[key]
+            self._by_task.pop(ref.key, None)
+            if worker is not None:
+                self._by_worker.get(worker, {}).pop(key, None)
+            if r.loaded[rec]:
+                self.store.release(int(r.slot[rec]))
+                self._loaded -= 1
+            r.loaded[rec], r.refs[rec], r.ref[rec], r.worker[rec] = False, 0, None, None
+            r.free.append(rec)
+            out.append(ReleaseChunk(ref, stimulus_id=sid))
+        r.unindex(r.key[recs])
 
     # -- loads and workers ---------------------------------------------------------------------
-    def placed(self, ref: ChunkRef, worker: str) -> _Chunk | None:
+    def placed(self, ref: ChunkRef, worker: str) -> int | None:
         """A load of ``ref`` finished on ``worker``: its record, or None if it was released
         before its load finished (nothing needs it)."""
         key = chunk_key(ref.source_index, ref.chunk_id)
-        c = self._chunks.get(key)
-        if c is None:
+        rec = self._rec_of.get(key)
+        if rec is None:
             return None
-        if c.worker is not None and c.worker != worker:
-            self._by_worker.get(c.worker, {}).pop(key, None)
-        c.worker = worker
+        was = self._r.worker[rec]
+        if was is not None and was != worker:
+            self._by_worker.get(was, {}).pop(key, None)
+        self._r.worker[rec] = worker
         self._by_worker.setdefault(worker, {})[key] = None
-        return c
+        return rec
 
-    def fill(self, c: _Chunk, rows: np.ndarray, num_tokens, num_patches) -> None:
+    def fill(self, rec: int, rows: np.ndarray, num_tokens, num_patches) -> None:
         """Store a loaded chunk's cost features: ``rows`` are its kept rows (ascending int64).
 
         Raises :class:`~mdata.errors.MdataError` when the load's arrays disagree with the chunk.
         """
-        ref = c.ref
+        r = self._r
+        ref = r.ref[rec]
         tokens = np.asarray(num_tokens)
         patches = np.zeros(rows.size, np.int32) if num_patches is None else np.asarray(num_patches)
         if tokens.shape != rows.shape or patches.shape != rows.shape or (
@@ -288,22 +288,20 @@ class ChunkTable:
             raise MdataError(
                 f"chunk {ref}: the load reported {rows.size} rows, {tokens.size} token counts and "
                 f"{patches.size} patch counts, rows must lie in [{ref.start}, {ref.stop})")
-        c.slot = self.store.put(rows - ref.start, tokens, patches)
-        self._loaded += not c.loaded
-        c.loaded = True
-        key = chunk_key(ref.source_index, ref.chunk_id)
-        for step in c.needed_by:
-            pending = self._pending.get(step)
-            if pending:
-                pending.pop(key, None)
+        r.slot[rec] = self.store.put(rows - ref.start, tokens, patches)
+        self._loaded += not r.loaded[rec]
+        r.loaded[rec] = True
+        key = int(r.key[rec])
+        for pending in self._pending.values():  # the steps in flight: a handful
+            pending.pop(key, None)
 
     def fill_empty(self, ref: ChunkRef) -> None:
         """A requested chunk none of whose rows can be used (quarantined): loaded, on no worker,
         with no kept row, so a step's walk passes over its rows like skipped ones."""
-        c = self._chunks.get(chunk_key(ref.source_index, ref.chunk_id))
-        if c is not None and not c.loaded:
+        rec = self._rec_of.get(chunk_key(ref.source_index, ref.chunk_id))
+        if rec is not None and not self._r.loaded[rec]:
             empty = np.zeros(0, np.int64)
-            self.fill(c, empty, empty, empty)
+            self.fill(rec, empty, empty, empty)
 
     def worker_lost(self, worker: str, chunks: Iterable, sid: str, out: list[Instruction]) -> None:
         """``worker`` died with these chunks (refs or task keys) and those it reported loading:
@@ -313,18 +311,18 @@ class ChunkTable:
             k = self._by_task.get(ch.key if isinstance(ch, ChunkRef) else tuple(ch))
             if k is not None:
                 keys[k] = None
+        r = self._r
         for k in keys:
-            c = self._chunks.get(k)
-            if c is None or c.worker != worker:
+            rec = self._rec_of.get(k)
+            if rec is None or r.worker[rec] != worker:
                 continue  # released already, or its reload is under way elsewhere
-            if not c.needed_by:  # only held for its window: forget it, a later step reloads it
-                self._held[k >> SHIFT].pop(k, None)
-                self._drop(k, c, sid, out)
+            if not r.refs[rec]:  # only held for its window: forget it, a later step reloads it
+                self._drop(np.array([rec], np.int64), sid, out)
                 continue
-            c.worker = None
+            r.worker[rec] = None
             # the cost features stay valid (a reload reads the same rows), so planning goes on;
             # the constructor waits on the reloaded task
-            out.append(LoadChunk(c.ref, reload=True, stimulus_id=sid))
+            out.append(LoadChunk(r.ref[rec], reload=True, stimulus_id=sid))
 
     # -- cost features -------------------------------------------------------------------------
     def gather(self, src: np.ndarray, row: np.ndarray, chunk: np.ndarray):
@@ -333,18 +331,11 @@ class ChunkTable:
         loader) and its cost features. Raises :class:`NotLoaded` naming chunks not loaded."""
         keys = (src << SHIFT) | chunk
         uniq, inv = np.unique(keys, return_inverse=True)
-        slots = np.empty(uniq.size, np.int64)
-        starts = np.empty(uniq.size, np.int64)
-        missing = []
-        for j, key in enumerate(uniq.tolist()):
-            c = self._chunks.get(key)
-            if c is None or not c.loaded:
-                missing.append(key)
-                continue
-            slots[j] = c.slot
-            starts[j] = c.ref.start
-        if missing:
-            raise NotLoaded(missing)
-        sl, off = slots[inv], row - starts[inv]
+        r = self._r
+        recs, found = r.lookup(uniq)
+        ok = found & r.loaded[recs]
+        if not ok.all():
+            raise NotLoaded(uniq[~ok].tolist())
+        sl, off = r.slot[recs][inv], row - r.start[recs][inv]
         store = self.store
         return keys, store.index[sl, off], store.tokens[sl, off], store.patches[sl, off]

@@ -255,7 +255,7 @@ class PlannerState:
         if self.record_lineage:
             self.dgraph.record_load(ref.source_index, ref.chunk_id, ev.worker)
         self.pool_sizer.observe_load(ref.source_index, rows.size + len(ev.skipped_rows), ev.seconds)
-        if not c.loaded:  # else a reload after a lost worker: same rows, same bytes
+        if not self.chunks.loaded(c):  # else a reload after a lost worker: same rows, same bytes
             self.chunks.fill(c, rows, ev.num_tokens, ev.num_patches)
         return []
 
@@ -384,7 +384,7 @@ class PlannerState:
         except NotLoaded as exc:  # skips moved the cursor into chunks not requested yet
             self.chunks.need(s, exc.missing, sid, out)
             return False
-        self.chunks.settle(s, np.unique(sel.keys).tolist(), sid, out)
+        self.chunks.settle(s, np.unique(sel.keys), sid, out)
         for i, shards, rows, cursors in sel.skipped:
             self.skipped[i] += rows.size
             if self.record_lineage:

@@ -7,6 +7,7 @@ import pytest
 
 from mdata.errors import MdataError
 from mdata.order import SourceOrder
+from mdata.planner.chunk_arrays import MASK, SHIFT, ChunkRecords
 from mdata.planner.chunk_table import ChunkTable, FeatureStore, NotLoaded, chunk_key
 from mdata.planner.instructions import LoadChunk, ReleaseChunk
 
@@ -147,7 +148,7 @@ def test_a_load_that_disagrees_with_its_chunk_is_a_typed_error():
         t.fill(c, np.arange(4), np.ones(3, np.int32), None)
     with pytest.raises(MdataError, match=r"rows must lie in \[0, 4\)"):
         t.fill(c, np.arange(1, 5), np.ones(4, np.int32), None)
-    assert not c.loaded and t.waiting(0)
+    assert not t.loaded(c) and t.waiting(0)
 
 
 def test_a_load_of_a_released_chunk_is_ignored():
@@ -223,3 +224,95 @@ def test_the_feature_store_grows_and_reuses_freed_slots():
     again = store.put(np.array([1]), np.array([9]), np.array([0]))
     assert again == slots[0] and store.index[again].tolist() == [-1, 0, -1]
     assert store.tokens.shape == (4, 3)
+
+
+def test_records_find_keys_added_in_any_order_and_forget_removed_ones():
+    recs = ChunkRecords(capacity=4)
+    keys = np.array([chunk_key(2, 7), chunk_key(0, 3), chunk_key(2, 1), chunk_key(1, 0)] * 1)
+    made = np.array([recs.take() for _ in keys])
+    recs.index(keys, made)
+    more = np.array([chunk_key(0, 1), chunk_key(3, 0)])
+    more_made = np.array([recs.take() for _ in more])  # past the first capacity: grows
+    recs.index(more, more_made)
+    assert recs.key.size == 8 and len(set(made.tolist() + more_made.tolist())) == 6
+    found_recs, found = recs.lookup(np.array([chunk_key(2, 1), chunk_key(2, 2), chunk_key(3, 0)]))
+    assert found.tolist() == [True, False, True]
+    assert found_recs[[0, 2]].tolist() == [made[2], more_made[1]]
+    assert recs.of_source(2).tolist() == [made[2], made[0]]  # by chunk id
+    recs.unindex(np.array([chunk_key(2, 1), chunk_key(0, 3)]))
+    assert recs.lookup(np.array([chunk_key(2, 1), chunk_key(2, 7)]))[1].tolist() == [False, True]
+    assert recs.of_source(0).tolist() == [more_made[0]]
+    assert ChunkRecords().lookup(np.array([5]))[1].tolist() == [False]
+
+
+def test_random_steps_keep_requests_holds_and_releases_consistent():
+    """Random needs, settles, moves, loads, releases and window rolls against a model of which
+    steps need which chunk: every chunk present is needed or held in its source's current
+    window, each key's loads and releases alternate, and a step waits exactly while one of its
+    chunks is not loaded."""
+    rng = np.random.default_rng(7)
+    orders = [SourceOrder([40], 4, seed=i, name=f"s{i}", window=2) for i in range(3)]
+    t = ChunkTable(orders, job="j", width=4)
+    needs: dict[int, set[int]] = {}
+    cursors = np.zeros(3, np.int64)
+    out: list = []
+    last: dict[int, str] = {}
+
+    def some_keys():
+        return [chunk_key(int(i), int(c)) for i, c in
+                zip(rng.integers(0, 3, 5), rng.integers(0, 10, 5))]
+
+    for op in range(600):
+        kind = rng.integers(0, 6)
+        live = sorted(needs)
+        if kind == 0 or not live:
+            step = (live[-1] + 1) if live else 0
+            keys = some_keys()
+            t.need(step, keys, "n", out)
+            needs[step] = set(keys)
+        elif kind == 1:
+            step = live[rng.integers(len(live))]
+            keys = some_keys()
+            t.need(step, keys, "n", out)  # more chunks for a step already planned
+            needs[step] |= set(keys)
+        elif kind == 2:
+            step = live[rng.integers(len(live))]
+            ready = sorted(k for k in needs[step] | set(some_keys())
+                           if last.get(k) == "L" and t.loaded(t._rec_of[k]))  # balanced on loaded ones
+            final = rng.permutation(ready)[:3].tolist()
+            t.settle(step, final, "s", out)
+            needs[step] = set(final)
+        elif kind == 3:
+            moved = [(s, some_keys()) for s in live[-2:]]
+            t.move(moved, "m", out)
+            needs.update({s: set(k) for s, k in moved})
+        elif kind == 4:
+            t.release(live[0], "r", out)
+            del needs[live[0]]
+        else:
+            cursors += rng.integers(0, 6, 3)
+            t.roll_windows(cursors, "w", out)
+        for ins in out:
+            key = chunk_key(ins.chunk.source_index, ins.chunk.chunk_id)
+            now = "L" if isinstance(ins, LoadChunk) else "R"
+            assert last.get(key, "R") != now, (op, ins)  # loads and releases alternate
+            last[key] = now
+        out.clear()
+        if rng.random() < 0.5:  # some requested chunks finish loading
+            for ref in t.refs():
+                if rng.random() < 0.5 and t.placed(ref, "w") is not None and not t.loaded(t.placed(ref, "w")):
+                    rows = np.arange(ref.start, ref.stop)
+                    t.fill(t.placed(ref, "w"), rows, rows.astype(np.int32), None)
+        present = {chunk_key(r.source_index, r.chunk_id) for r in t.refs()}
+        needed = set().union(*needs.values()) if needs else set()
+        held = set(t.held())
+        assert present == {k for k, v in last.items() if v == "L"}
+        assert needed <= present and held == present - needed
+        for key in held:  # held only inside its source's current window
+            i = key >> SHIFT
+            assert (key & MASK) in orders[i].window_span(int(cursors[i]))[2]
+        loaded = {k for k in present if t.loaded(t._rec_of[k])}
+        assert t.in_memory == len(loaded) == t.count_loaded()
+        for step, keys in needs.items():
+            assert set(t.chunks_of(step)) == keys and len(t.chunks_of(step)) == len(keys)
+            assert t.waiting(step) == bool(keys - loaded), (op, step)

@@ -308,7 +308,7 @@ def test_large_mesh_driver_run_is_exactly_once():
     # every chunk still held is needed by a step not yet consumed
     assert state.chunks_in_memory <= len(state.chunk_refs())
     # the kept count is the chunks loaded (through loads, skips, releases and window holds)
-    assert state.chunks_in_memory == sum(c.loaded for c in state.chunks._chunks.values()) > 0
+    assert state.chunks_in_memory == state.chunks.count_loaded() > 0
 
 
 def test_chunks_stay_loaded_while_their_shuffle_window_is_in_use():
@@ -327,7 +327,7 @@ def test_chunks_stay_loaded_while_their_shuffle_window_is_in_use():
     assert set(releases) <= set(loads) and len(releases) == len(set(releases))
     # at most the current window (4 chunks) plus the next per source is held
     assert state.chunks_in_memory <= 2 * 2 * 4
-    assert state.chunks_in_memory == sum(c.loaded for c in state.chunks._chunks.values())
+    assert state.chunks_in_memory == state.chunks.count_loaded()
     # 400 of 1024/512 rows consumed: web (2 shards x 16 chunks) and code (16 chunks) moved on
     assert len(releases) >= 8
 
