@@ -7,11 +7,21 @@ from one run: for every regime and baseline the ratio of mdata's tokens/s over t
 work: within 1%), the micro-batch counts, and mdata's tokens/s over the ideal.
 
 Regimes (``REGIMES``): ``vlm`` (the e2e mix of ``benchmarks/e2e_data.py``, 32k context,
-TP 4 x PP 4 x CP 2) and ``text8k`` (its text sources only, 8k context, TP 4 x PP 4); both
-``llava-ov-7b`` with 2 x PP micro-batches of the context per DP rank, 90% full on average.
-A regime's figure is at 1,024 GPUs (quick runs too); full runs add 4,096 and 8,192 GPUs
-(``.<gpus>`` suffix) and the interleaved schedule (``vlm_interleaved``: 2 model chunks per
-device, at 1,024 GPUs).
+TP 4 x PP 4 x CP 2) and the long-short text matrix ``text4k``, ``text8k``, ``text16k`` and
+``text32k`` (its text sources only: whole plays and poems with a tail past 32k tokens, Python
+modules, play scenes; TP 4 x PP 4, CP 1 at 4k and 8k, 2 at 16k, 4 at 32k, so no GPU holds more
+than 8k tokens of a sequence); all ``llava-ov-7b`` with 2 x PP micro-batches of the context per
+DP rank, 90% full on average. A regime's figure is at 1,024 GPUs (quick runs too); full runs
+add 4,096 and 8,192 GPUs (``.<gpus>`` suffix) and the interleaved schedule
+(``vlm_interleaved``: 2 model chunks per device, at 1,024 GPUs).
+
+Beside the node's loader budget (:class:`~benchmarks.e2e_model.Node`: a DGX H100's 12 loader
+cores per GPU) every regime at 1,024 GPUs is swept over loader cores per GPU (``CORES_SWEEP``;
+quick runs: 1 core only) on the same draw and plans: ``e2e.cores_sweep.<regime>.<cores>.``
+``ratio.<baseline>`` and ``.stall.<side>`` (the share of that side's step seconds spent
+waiting for data), so each regime is a curve against the baselines' stalls, not one point;
+``e2e.cores_sweep.<regime>.stall_onset.<side>``: the budget below which that side stalls.
+A fractional core count is written with ``_`` (``0_5``: half a core per GPU).
 """
 
 from __future__ import annotations
@@ -28,23 +38,61 @@ from benchmarks.e2e_sim import PARTS, Setup, simulate
 from benchmarks.harness import figure
 from mdata.metadata import SourceMetadata
 
-__all__ = ["REGIMES", "at_scale_figures", "regime_runs"]
+__all__ = ["CORES_SWEEP", "REGIMES", "at_scale_figures", "cores_key", "regime_runs"]
 
 TEXT = {n: (1.0 if n in ("books", "code", "scenes") else 0.0) for n in WEIGHTS}
 REGIMES: dict[str, Setup] = {
     "vlm": Setup(weights=WEIGHTS),
+    "text4k": Setup(weights=TEXT, cp=1, max_tokens=4096),
     "text8k": Setup(weights=TEXT, cp=1, max_tokens=8192),
+    "text16k": Setup(weights=TEXT, cp=2, max_tokens=16384),
+    "text32k": Setup(weights=TEXT, cp=4, max_tokens=32768),
 }
 HEADLINE_GPUS = 1024
 MORE_GPUS = (4096, 8192)
+#: Loader cores per GPU swept at the headline size (the node's own, 12, included); below one
+#: core stands for loading that costs more per sample than measured here (remote reads, slower cores).
+CORES_SWEEP = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 12.0)
+QUICK_CORES_SWEEP = (1.0,)
 GOALS = {"local_best": ">= 1.0 (what the global view earns)", "megatron": "report what comes out",
          "dataloader": "report what comes out", "bridge": "report what comes out"}
 
 
 def regime_runs(setup: Setup, meta: Mapping[str, SourceMetadata], cost: Mapping[str, float],
-                steps: int, seeds: tuple[int, ...]) -> list[dict]:
-    """:func:`simulate` once per seed."""
-    return [simulate(replace(setup, seed=s), meta, cost, steps) for s in seeds]
+                steps: int, seeds: tuple[int, ...], loader_cores: tuple[float, ...] = ()) -> list[dict]:
+    """:func:`simulate` once per seed (``loader_cores``: the budgets per GPU to sweep)."""
+    return [simulate(replace(setup, seed=s), meta, cost, steps, loader_cores) for s in seeds]
+
+
+def cores_key(cores: float) -> str:
+    """A loader budget as a figure name part: ``12``, ``0_5`` (no dot: names split on dots)."""
+    return f"{cores:g}".replace(".", "_")
+
+
+def _sweep_figures(key: str, setup: Setup, runs: list[dict]) -> dict[str, object]:
+    """One regime's loader-cores sweep: per budget, mdata's ratio over each baseline and each
+    side's stall fraction (data-wait seconds over step seconds), means over the seeds."""
+    out: dict[str, object] = {}
+    for c in sorted(runs[0]["cores_sweep"]):
+        at = [r["cores_sweep"][c] for r in runs]
+        name = f"e2e.cores_sweep.{key}.{cores_key(c)}"
+        stalls = {side: float(np.mean([a[side]["stall"] / a[side]["step"] for a in at]))
+                  for side in ("mdata", *BASELINES)}
+        for b in BASELINES:
+            ratios = np.array([a["ratio"][b]["ratio"] for a in at])
+            out[f"{name}.ratio.{b}"] = figure(
+                float(ratios.mean()), goal=GOALS[b],
+                note=(f"{c:g} loader cores per GPU ({setup.node.name} gives "
+                      f"{setup.node.loader_cores_per_gpu:g}); seeds {ratios.min():.3f}-{ratios.max():.3f}; "
+                      f"stall share of the step: mdata {stalls['mdata']:.3f}, {b} {stalls[b]:.3f}"))
+        for side, v in stalls.items():
+            out[f"{name}.stall.{side}"] = v
+    for side in ("mdata", *BASELINES):
+        out[f"e2e.cores_sweep.{key}.stall_onset.{side}"] = figure(
+            max(r[side]["stall_onset_cores"] for r in runs), unit="cores/GPU",
+            note=f"{side}: below this many loader cores per GPU some step of some seed waits for "
+                 f"its data (its loading over its step; mdata's scheduler aside)")
+    return out
 
 
 def _figures(key: str, setup: Setup, runs: list[dict], steps: int) -> dict[str, object]:
@@ -74,6 +122,13 @@ def _figures(key: str, setup: Setup, runs: list[dict], steps: int) -> dict[str, 
         for p, v in parts.items():
             out[f"e2e.breakdown.{name}.{key}.{p}"] = v
         out[f"e2e.tokens_per_step_ratio.{name}.{key}"] = figure(tps, goal="0.99-1.01 (equal work)")
+    per_base = {b: float(np.mean([r["ratio"][b]["tokens_per_step"] for r in runs])) for b in BASELINES}
+    worst = max(per_base, key=lambda b: abs(per_base[b] - 1.0))
+    out[f"e2e.tokens_per_step_ratio.{key}"] = figure(
+        per_base[worst], goal="0.99-1.01 (equal work)",
+        note=(f"mdata's tokens per step over each baseline's, the one furthest from 1 ({worst}); "
+              + ", ".join(f"{b} {v:.4f}" for b, v in per_base.items())
+              + "; dataloader's budget is samples, not tokens, so its tokens follow its draw"))
     ideal = np.array([r["vs_ideal"] for r in runs])
     out[f"e2e.vs_ideal.{key}"] = figure(
         float(ideal.mean()), goal=">= 0.97",
@@ -88,9 +143,11 @@ def _figures(key: str, setup: Setup, runs: list[dict], steps: int) -> dict[str, 
 
 def at_scale_figures(meta: Mapping[str, SourceMetadata], cost: Mapping[str, float],
                      quick: bool, control: ControlCost | None = None) -> dict[str, object]:
-    """Every regime at 1,024 GPUs (full runs: also 4,096 and 8,192, and interleaved 1F1B);
-    ``control``: what mdata's scheduler costs a step (charged to mdata; None: not charged)."""
+    """Every regime at 1,024 GPUs with its loader-cores sweep (full runs: also 4,096 and 8,192,
+    and interleaved 1F1B); ``control``: what mdata's scheduler costs a step (charged to mdata;
+    None: not charged)."""
     steps, seeds = (2, (0, 1)) if quick else (4, (0, 1, 2))
+    sweep = QUICK_CORES_SWEEP if quick else CORES_SWEEP
     cases: list[tuple[str, Setup]] = []
     for name, setup in REGIMES.items():
         cases.append((name, replace(setup, gpus=HEADLINE_GPUS)))
@@ -101,8 +158,11 @@ def at_scale_figures(meta: Mapping[str, SourceMetadata], cost: Mapping[str, floa
     out: dict[str, object] = {}
     for key, setup in cases:
         setup = replace(setup, control=control)
-        runs = regime_runs(setup, meta, cost, steps, seeds)
+        headline = key in REGIMES  # a regime at the headline size: its loader-cores sweep too
+        runs = regime_runs(setup, meta, cost, steps, seeds, sweep if headline else ())
         out.update(_figures(key, setup, runs, steps))
+        if headline:
+            out.update(_sweep_figures(key, setup, runs))
         if control is not None:
             stall = float(np.mean([r["mdata"].get("control", 0.0) / r["mdata"]["steps"] for r in runs]))
             step = float(np.mean([r["mdata"]["step"] / r["mdata"]["steps"] for r in runs]))

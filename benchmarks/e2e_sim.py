@@ -151,24 +151,44 @@ def _times(setup: Setup, mbs, layers) -> PipelineTimes:
     return stage_seconds(mbs, setup.model, setup.gpu, pp=setup.pp, tp=setup.tp, cp=setup.cp, layers=layers)
 
 
-def _system(setup: Setup, per_step, loader_cost: np.ndarray, layers, fixed: float, kind: str):
-    """Sum over steps of one system's step parts (seconds), tokens, and the micro-batch counts."""
-    cores = setup.node.loader_cores_per_gpu
-    total = dict.fromkeys(("work", "mean_work", "bubble", "stall", "fixed", "step", "tokens"), 0.0)
-    counts = []
+def _pipelines(setup: Setup, per_step, loader_cost: np.ndarray, layers) -> list[dict]:
+    """Per step of one system: each DP rank's pipeline makespan and mean stage work, the
+    core-seconds of loading its samples, the step's tokens and its most micro-batches per rank.
+    What the loader budget does not change, computed once for every budget (:func:`_system`)."""
+    out = []
     for ranks in per_step:
         times = [_times(setup, mbs, layers) for mbs, _ in ranks]
-        spans = [pipeline_makespan(t, setup.virtual) for t in times]
-        works = [t.work for t in times]
-        load = [float(loader_cost[srcs].sum()) for _, srcs in ranks]  # core-seconds per DP group
+        out.append({"spans": [pipeline_makespan(t, setup.virtual) for t in times],
+                    "works": [t.work for t in times],
+                    "load": [float(loader_cost[srcs].sum()) for _, srcs in ranks],
+                    "tokens": sum(float(t.sum()) for mbs, _ in ranks for t, _ in mbs),
+                    "micro_batches": max(len(mbs) for mbs, _ in ranks)})
+    return out
+
+
+def _system(setup: Setup, pipes: list[dict], fixed: float, kind: str, cores: float | None = None):
+    """Sum over steps of one system's step parts (seconds), tokens, and the micro-batch counts,
+    its loaders given ``cores`` per GPU (None: the node's loader cores per GPU);
+    ``stall_onset_cores``: the loader cores per GPU below which some step would wait for data."""
+    cores = setup.node.loader_cores_per_gpu if cores is None else float(cores)
+    if cores <= 0:
+        raise ValueError(f"loader cores per GPU must be > 0, got {cores}")
+    total = dict.fromkeys(("work", "mean_work", "bubble", "stall", "fixed", "step", "tokens"), 0.0)
+    counts = []
+    onset = 0.0
+    for p in pipes:
+        spans, works, load = p["spans"], p["works"], p["load"]  # load: core-seconds per DP group
         if kind == "mdata":  # each sample once, over every GPU's loader cores
-            need = sum(load) / (setup.gpus * cores)
+            per_core = sum(load) / setup.gpus
         elif kind == "dataloader":  # every GPU loads its DP group's samples on its own cores
-            need = max(load) / cores
+            per_core = max(load)
         else:  # TP rank 0 of each loading rank, on its TP group's cores
-            need = max(load) / (setup.tp * cores)
+            per_core = max(load) / setup.tp
+        need = per_core / cores  # seconds the slowest loading rank needs for the step
         makespan = max(spans)
         stall = max(0.0, need - makespan - fixed)  # loaders keep working through the all-reduce
+        # below this many loader cores per GPU, this step would wait for its data
+        onset = max(onset, per_core / (makespan + fixed))
         if kind == "mdata" and setup.control is not None:  # the scheduler plans ahead, but a step
             # cannot come faster than its CPU per step: what it needs beyond the step is a stall
             control = max(0.0, setup.control.seconds(setup.gpus, setup.dp) - (makespan + stall + fixed))
@@ -178,10 +198,11 @@ def _system(setup: Setup, per_step, loader_cost: np.ndarray, layers, fixed: floa
                            ("bubble", makespan - max(works)), ("stall", stall), ("fixed", fixed),
                            ("step", makespan + stall + fixed)):
             total[key] += value
-        total["tokens"] += sum(float(t.sum()) for mbs, _ in ranks for t, _ in mbs)
-        counts.append(max(len(mbs) for mbs, _ in ranks))
+        total["tokens"] += p["tokens"]
+        counts.append(p["micro_batches"])
     total["micro_batches"] = max(counts)
-    total["steps"] = len(per_step)
+    total["steps"] = len(pipes)
+    total["stall_onset_cores"] = onset  # loaders alone (mdata's scheduler aside)
     return total
 
 
@@ -219,14 +240,28 @@ def ratio_breakdown(ours: Mapping[str, float], base: Mapping[str, float]) -> dic
     return out
 
 
+def _ratios(sides: Mapping[str, Mapping[str, float]]) -> dict[str, dict[str, float]]:
+    """mdata over each baseline: :func:`ratio_breakdown` and ``tokens_per_step`` (mdata's
+    tokens over its)."""
+    out = {}
+    for name in BASELINES:
+        r = ratio_breakdown(sides["mdata"], sides[name])
+        r["tokens_per_step"] = sides["mdata"]["tokens"] / sides[name]["tokens"]
+        out[name] = r
+    return out
+
+
 def simulate(setup: Setup, meta: Mapping[str, SourceMetadata], loader_cost: Mapping[str, float],
-             steps: int) -> dict[str, dict]:
+             steps: int, loader_cores: tuple[float, ...] = ()) -> dict[str, dict]:
     """mdata, the baselines and the ideal over ``steps`` steps of ``setup``.
 
     Returns per side (``mdata``, each of :data:`~benchmarks.e2e_baselines.BASELINES`) its summed
     step parts and tokens; ``ratio[name]`` (mdata over that baseline, with its factors and
     ``tokens_per_step``: mdata's tokens over its); ``vs_ideal`` (mdata's tokens/s over the
     ideal's); ``shape`` (layer split, fixed seconds per step, micro-batch counts, global batch).
+    ``loader_cores``: loader budgets per GPU to sweep besides the node's; for each ``c``,
+    ``cores_sweep[c]`` holds every side's step parts and ``ratio`` with ``c`` loader cores per
+    GPU on the same draw, plans and pipelines (only the data stalls can differ).
     Sources of weight 0 are left out.
     """
     if not setup.weights:
@@ -244,17 +279,18 @@ def simulate(setup: Setup, meta: Mapping[str, SourceMetadata], loader_cost: Mapp
                             max_tokens=setup.max_tokens, pp=setup.pp, seed=setup.seed,
                             step_tokens=step_tokens, step_samples=global_batch, cost_fn=cost_fn,
                             tally=tally)
-    out: dict[str, dict] = {"mdata": _system(setup, planned, cost, layers, fixed, "mdata")}
-    for name in BASELINES:
-        out[name] = _system(setup, others[name], cost, layers, fixed, name)
+    pipes = {"mdata": _pipelines(setup, planned, cost, layers),
+             **{name: _pipelines(setup, others[name], cost, layers) for name in BASELINES}}
+    out: dict[str, dict] = {side: _system(setup, p, fixed, side) for side, p in pipes.items()}
     ideal = _ideal(setup, planned, layers, fixed)
-    out["ratio"] = {}
-    for name in BASELINES:
-        r = ratio_breakdown(out["mdata"], out[name])
-        r["tokens_per_step"] = out["mdata"]["tokens"] / out[name]["tokens"]
-        out["ratio"][name] = r
+    out["ratio"] = _ratios(out)
     out["vs_ideal"] = (out["mdata"]["tokens"] / out["mdata"]["step"]) / (ideal["tokens"] / ideal["step"])
     out["shape"] = {"layers": layers, "fixed_s": fixed, "global_batch": global_batch,
                     "tokens_per_step": float(np.mean(step_tokens)), **tally,
                     **{f"micro_batches.{k}": out[k]["micro_batches"] for k in ("mdata", *BASELINES)}}
+    sweep: dict[float, dict] = {}
+    for c in loader_cores:
+        sides = {side: _system(setup, p, fixed, side, cores=c) for side, p in pipes.items()}
+        sweep[float(c)] = {**sides, "ratio": _ratios(sides)}
+    out["cores_sweep"] = sweep
     return out

@@ -59,12 +59,16 @@ def test_quick_run_reports_end_to_end_figures(tmp_path: Path) -> None:
         product *= figures[f"e2e.breakdown.{part}"]
     assert abs(product - figures["e2e.tokens_per_s.ratio"]) < 1e-6 * product
     # At scale: every baseline in every regime, at equal work, and mdata beside the ideal.
-    for regime in ("vlm", "text8k"):
+    for regime in ("vlm", "text4k", "text8k", "text16k", "text32k"):
         for baseline in ("dataloader", "megatron", "local_best", "bridge"):
             assert figures[f"e2e.ratio.{baseline}.{regime}"] > 0
             assert 0.97 < figures[f"e2e.tokens_per_step_ratio.{baseline}.{regime}"] < 1.03
             assert figures[f"e2e.micro_batches.{baseline}.{regime}"] == \
                 figures[f"e2e.micro_batches.mdata.{regime}"]
+            # the quick run's one point of the loader-cores sweep (1 core per GPU)
+            assert figures[f"e2e.cores_sweep.{regime}.1.ratio.{baseline}"] > 0
+            assert 0 <= figures[f"e2e.cores_sweep.{regime}.1.stall.{baseline}"] < 1
+        assert 0.97 < figures[f"e2e.tokens_per_step_ratio.{regime}"] < 1.03
         assert figures[f"e2e.vs_ideal.{regime}"] > 0
         # mdata pays its scheduler (measured here: the control benchmark did not run before)
         assert figures[f"e2e.scheduler_s_per_step.{regime}"] > 0
