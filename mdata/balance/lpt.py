@@ -14,6 +14,10 @@ import numpy as np
 
 __all__ = ["PackState", "lpt_assign", "min_micro_batches"]
 
+#: Up to this many micro-batches per rank the cheapest one with room is found by a scan; above
+#: it, by a heap per rank.
+_SCAN_UP_TO = 8
+
 
 def min_micro_batches(tokens: np.ndarray, dp: int, requested: int, max_tokens: int) -> int:
     """The fewest micro-batches per rank that could possibly hold the samples' tokens."""
@@ -65,6 +69,10 @@ def lpt_assign(
     # batch O(n log dp) instead of rescanning full ranks for every sample.
     parked: list[tuple[int, float, int]] = []
     pop, push = heapq.heappop, heapq.heappush
+    # many micro-batches: each rank's as a heap of (cost, index), popped until one has room (the
+    # same choice as a scan for the cheapest with room, ties to the lowest index, in O(log m))
+    bins = [[(0.0, k) for k in range(m)] for _ in range(dp)] if m > _SCAN_UP_TO else None
+    aside: list[tuple[float, int]] = []
     for i in order:
         t = tok[i]
         while parked and -parked[0][0] >= t:
@@ -80,6 +88,18 @@ def lpt_assign(
         bt = bin_tokens[r]
         if m == 1:
             b = 0
+        elif bins is not None:
+            heap_r, limit = bins[r], cap - t
+            while True:
+                entry = pop(heap_r)
+                if bt[entry[1]] <= limit:
+                    break
+                aside.append(entry)
+            b = entry[1]
+            for entry in aside:
+                push(heap_r, entry)
+            aside.clear()
+            push(heap_r, (bin_cost[r][b] + cost[i], b))
         else:
             bc = bin_cost[r]
             limit = cap - t
@@ -90,10 +110,12 @@ def lpt_assign(
                     best = bc[k]
                     b = k
         c = cost[i]
+        filled_least = bt[b] == cap - room[r]  # the rank's emptiest micro-batch: its room shrinks
         bt[b] += t
         bin_cost[r][b] += c
         rank_cost[r] += c
-        room[r] = cap - min(bt)
+        if filled_least:
+            room[r] = cap - min(bt)
         if bin_cost[r][b] > top[r]:
             top[r] = bin_cost[r][b]
         push(heap, (rank_cost[r] + spread * top[r], r))

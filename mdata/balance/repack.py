@@ -15,7 +15,9 @@ total, and an empty micro-batch always has room for one sample.
 
 from __future__ import annotations
 
-from mdata.balance.lpt import PackState
+from heapq import heappop, heappush
+
+from mdata.balance.lpt import _SCAN_UP_TO, PackState
 
 __all__ = ["repack_micro_batches", "fill_empty_micro_batches"]
 
@@ -38,6 +40,9 @@ def _repack(st: PackState, order: list[int], tok: list[int], cost: list[float]) 
     new_bin = [0] * len(tok)
     failed = [False] * dp
     rank_of = st.rank_of
+    # many micro-batches: a heap of (cost, index) per rank, as in lpt_assign (the same choices)
+    bins = [[(0.0, k) for k in range(m)] for _ in range(dp)] if m > _SCAN_UP_TO else None
+    aside: list[tuple[float, int]] = []
     for i in order:
         r = rank_of[i]
         if failed[r]:
@@ -45,9 +50,22 @@ def _repack(st: PackState, order: list[int], tok: list[int], cost: list[float]) 
         bt, bc = new_tokens[r], new_cost[r]
         limit = cap - tok[i]
         b, best = -1, float("inf")
-        for k in range(m):
-            if bt[k] <= limit and bc[k] < best:
-                best, b = bc[k], k
+        if bins is not None:
+            heap_r = bins[r]
+            while heap_r:
+                entry = heappop(heap_r)
+                if bt[entry[1]] <= limit:
+                    b = entry[1]
+                    heappush(heap_r, (bc[b] + cost[i], b))
+                    break
+                aside.append(entry)
+            for entry in aside:
+                heappush(heap_r, entry)
+            aside.clear()
+        else:
+            for k in range(m):
+                if bt[k] <= limit and bc[k] < best:
+                    best, b = bc[k], k
         if b < 0:
             failed[r] = True
             continue

@@ -19,6 +19,8 @@ import heapq
 
 import numpy as np
 
+from mdata.balance.lpt import _SCAN_UP_TO
+
 __all__ = ["lpt_by_stage"]
 
 
@@ -31,19 +33,24 @@ def lpt_by_stage(order: list[int], tokens: np.ndarray, stage_costs: np.ndarray, 
     busy = [[0.0] * p for _ in range(dp)]
     rows = [[[0.0] * p for _ in range(m)] for _ in range(dp)]
     used = [[0] * m for _ in range(dp)]
+    room = [cap] * dp  # each rank's largest free space: cap - min(used[r]), kept as it changes
     totals = [[0.0] * m for _ in range(dp)]  # each micro-batch's total over the stages
     bottleneck = [0] * dp  # each rank's busiest stage so far
     excess = [0.0] * dp  # max over its micro-batches of (total - time on that stage)
     rank, mb = [0] * len(tok), [0] * len(tok)
     heap = [(0.0, r) for r in range(dp)]
     parked: list[tuple[float, int]] = []
+    # many micro-batches: per rank a heap of (time on its busiest stage, index), rebuilt when that
+    # stage changes; popped until one has room (the scan's choice, ties to the lowest index)
+    bins = [[(0.0, k) for k in range(m)] for _ in range(dp)] if m > _SCAN_UP_TO else None
+    aside: list[tuple[float, int]] = []
     for i in order:
         t, c = tok[i], sc[i]
         while True:
             if not heap:
                 return None
             load, r = heapq.heappop(heap)
-            if cap - min(used[r]) >= t:
+            if room[r] >= t:
                 break
             parked.append((load, r))
         for item in parked:
@@ -53,21 +60,41 @@ def lpt_by_stage(order: list[int], tokens: np.ndarray, stage_costs: np.ndarray, 
         b = bottleneck[r]
         limit = cap - t
         k, least = -1, float("inf")
-        for j in range(m):
-            if ur[j] <= limit and rr[j][b] < least:
-                k, least = j, rr[j][b]
+        if bins is not None:
+            heap_r = bins[r]
+            while True:
+                entry = heapq.heappop(heap_r)
+                if ur[entry[1]] <= limit:
+                    k = entry[1]
+                    break
+                aside.append(entry)
+            for entry in aside:
+                heapq.heappush(heap_r, entry)
+            aside.clear()
+        else:
+            for j in range(m):
+                if ur[j] <= limit and rr[j][b] < least:
+                    k, least = j, rr[j][b]
         row = rr[k]
         for s in range(p):
             row[s] += c[s]
             bz[s] += c[s]
+        filled_least = ur[k] == cap - room[r]
         ur[k] += t
+        if filled_least:
+            room[r] = cap - min(ur)
         tr[k] += sum(c)
         rank[i], mb[i] = r, k
         nb = max(range(p), key=bz.__getitem__)
         if nb != b:  # the busiest stage moved: every micro-batch's excess changes
             bottleneck[r] = nb
             excess[r] = max(x - y[nb] for x, y in zip(tr, rr))
+            if bins is not None:
+                bins[r] = [(y[nb], j) for j, y in enumerate(rr)]
+                heapq.heapify(bins[r])
         else:  # only micro-batch k's excess grew
             excess[r] = max(excess[r], tr[k] - row[b])
+            if bins is not None:
+                heapq.heappush(bins[r], (row[b], k))
         heapq.heappush(heap, (bz[nb] + excess[r], r))
     return np.asarray(rank, dtype=np.int64), np.asarray(mb, dtype=np.int64)

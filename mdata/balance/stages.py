@@ -23,7 +23,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from mdata.balance.pipeline import _FORWARD, _ORDER_BUDGET, _schedule
+from mdata.balance.pipeline import (_FORWARD, _ORDER_BUDGET, _WAVES_FROM, _WAVES_UP_TO,
+                                    _schedule, _shares, schedule_end)
 
 __all__ = ["order_by_stage", "stage_lower_bound", "stage_makespan", "stage_times"]
 
@@ -63,6 +64,10 @@ def stage_makespan(times: np.ndarray) -> np.ndarray:
         return np.zeros(times.shape[:-2])
     mb, fwd, prev, dep, last = _schedule(m, p)
     stage = _stages_of(m, p)
+    if m * p >= _WAVES_FROM and times.size <= _WAVES_UP_TO:  # few, long schedules: by waves
+        rows = np.ascontiguousarray(times.reshape(-1, m * p).T)  # (micro-batch, stage)-major
+        durations = _shares(m, p)[:, None] * rows[mb * p + stage]
+        return schedule_end(durations, m, p).reshape(times.shape[:-2])
     dur_f, dur_b = _FORWARD * times, (1.0 - _FORWARD) * times
     zero = np.zeros(times.shape[:-2])
     end: list[np.ndarray] = []

@@ -9,8 +9,9 @@ import pytest
 
 from mdata.balance import balance_step
 from mdata.balance.pipeline import (
-    one_f_one_b_makespan, order_micro_batches, ordered_makespan, pipeline_cost,
+    _schedule, one_f_one_b_makespan, order_micro_batches, ordered_makespan, pipeline_cost,
 )
+from mdata.balance.stages import _stages_of, stage_makespan
 
 
 def _spans(a, stages: int) -> np.ndarray:
@@ -134,3 +135,62 @@ def test_many_micro_batches_insert_only_the_most_expensive() -> None:
     ascending = np.sort(costs, axis=1)
     got = one_f_one_b_makespan(np.take_along_axis(costs, order, axis=1), 4)
     assert np.all(got <= one_f_one_b_makespan(ascending, 4) * (1 + 1e-12))
+
+
+def _makespan_one_at_a_time(durations: np.ndarray, m: int, p: int) -> np.ndarray:
+    """The schedule evaluated an operation at a time, as the definition reads."""
+    _, _, prev, dep, last = _schedule(m, p)
+    end = []
+    for k in range(prev.size):
+        start = end[prev[k]] if prev[k] >= 0 else np.zeros(durations.shape[1:])
+        if dep[k] >= 0:
+            start = np.maximum(start, end[dep[k]])
+        end.append(start + durations[k])
+    return end[last]
+
+
+@pytest.mark.parametrize("lead, m, p", [((16,), 32, 8), ((3, 5), 9, 4), ((64,), 65, 8), ((2,), 2, 2),
+                                        ((4096,), 16, 4), ((0,), 8, 4)])
+def test_makespans_by_waves_are_the_same_to_the_bit_as_one_operation_at_a_time(lead, m, p) -> None:
+    """Waves (few schedules) and the operation-at-a-time path (many, or short) give exactly what
+    the schedule's definition gives, for per-stage times and for even splits."""
+    rng = np.random.default_rng(m * p)
+    times = rng.random(lead + (m, p)) * rng.integers(1, 100, lead + (m, 1))
+    mb, fwd, _, _, _ = _schedule(m, p)
+    stage = _stages_of(m, p)
+    share = np.where(fwd, 1 / 3, 1 - 1 / 3)  # forward a third, backward the rest
+    durations = np.moveaxis(times[..., mb, stage], -1, 0) * share.reshape((-1,) + (1,) * len(lead))
+    assert np.array_equal(stage_makespan(times), _makespan_one_at_a_time(durations, m, p))
+    costs = times.sum(axis=-1)
+    even = np.moveaxis((costs / p)[..., mb], -1, 0) * share.reshape((-1,) + (1,) * len(lead))
+    assert np.array_equal(one_f_one_b_makespan(costs, p), _makespan_one_at_a_time(even, m, p))
+    assert stage_makespan(times).shape == lead
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_lpt_passes_pick_the_same_micro_batches_with_heaps_as_with_scans(seed, monkeypatch) -> None:
+    """Ranks with many micro-batches pick the cheapest one with room from a heap; the choices
+    (ties to the lowest index) are the scan's, in every LPT pass and the re-pack."""
+    import mdata.balance.lpt as lpt
+    import mdata.balance.repack as repack
+    import mdata.balance.stage_lpt as stage_lpt
+    rng = np.random.default_rng(seed)
+    n, dp, m, cap = 400, 6, 16, 4096
+    tokens = np.minimum(rng.lognormal(6, 1.0, n).astype(np.int64) + 1, cap)
+    tokens[::7] = 64  # equal samples: ties between micro-batches
+    sc = rng.random((n, 4)) * tokens[:, None]
+    sc[::7] = 1.0
+    order = np.lexsort((np.arange(n), -tokens, -sc.sum(axis=1))).tolist()
+    tok, cost = tokens.tolist(), sc.sum(axis=1).tolist()
+
+    def run():
+        st = lpt.lpt_assign(order, tok, cost, dp, m, cap, spread=3.0)
+        assert st is not None
+        repack._repack(st, order, tok, cost)
+        by_stage = stage_lpt.lpt_by_stage(order, tokens, sc, dp, m, cap)
+        return st.rank_of, st.bin_of, st.bin_cost, by_stage[0].tolist(), by_stage[1].tolist()
+
+    with_heaps = run()
+    for module in (lpt, repack, stage_lpt):
+        monkeypatch.setattr(module, "_SCAN_UP_TO", m)
+    assert run() == with_heaps
