@@ -32,6 +32,7 @@ import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 
@@ -103,7 +104,8 @@ def _drive(iters, cfg: ProcessRun, steps: int, barrier) -> list[dict]:
         time.sleep(span * cfg.dilation)
         barrier.wait()
         log.append({"start": start, "end": time.perf_counter(), "wait": wait, "span": span,
-                    "work": times.work, "tokens": float(sum(t.sum() for t, _ in mbs))})
+                    "work": times.work, "tokens": float(sum(t.sum() for t, _ in mbs)),
+                    "samples": sum(len(t) for t, _ in mbs)})
     return log
 
 
@@ -165,7 +167,9 @@ def _plan(cfg: ProcessRun, sources, meta):
             .special_tokens(image_token_id=IMAGE_TOKEN_ID))
 
 
-def _run_drivers(cfg: ProcessRun, target, extra: tuple) -> list[list[dict]]:
+def _run_drivers(cfg: ProcessRun, target, extra: tuple, on_measure=None) -> list[list[dict]]:
+    """The DP-rank drivers' logs of the measured steps (after ``cfg.warm``); ``on_measure(i)``
+    is called as the warm-up ends (``i = 0``) and as the measured steps end (``i = 1``)."""
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(cfg.dp)
     procs, conns = [], []
@@ -182,7 +186,9 @@ def _run_drivers(cfg: ProcessRun, target, extra: tuple) -> list[list[dict]]:
             kind, value = c.recv()
             if kind != "ready":
                 raise RuntimeError(f"DP-rank driver failed to start: {value}")
-        for steps in (cfg.warm, cfg.steps):
+        for i, steps in enumerate((cfg.warm, cfg.steps)):
+            if i and on_measure is not None:
+                on_measure(0)
             for c in conns:
                 c.send(("run", steps))
             logs = []
@@ -191,6 +197,8 @@ def _run_drivers(cfg: ProcessRun, target, extra: tuple) -> list[list[dict]]:
                 if kind != "done":
                     raise RuntimeError(f"DP-rank driver: {value}")
                 logs.append(value)
+        if on_measure is not None:
+            on_measure(1)
         return logs
     finally:
         for c in conns:
@@ -204,6 +212,28 @@ def _run_drivers(cfg: ProcessRun, target, extra: tuple) -> list[list[dict]]:
             if p.is_alive():
                 p.kill()
                 p.join()
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU of one process so far, from /proc (0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def mdata_cpu_factor(measured: Mapping[str, float], cost: Mapping[str, float]) -> tuple[float, float]:
+    """``(factor, cpu_s_per_sample)``: the CPU mdata's loader and constructor processes spent per
+    sample the trainers received in the process run (``measured``: ``worker_cpu_s`` and
+    ``samples``), over the raw ``load_chunk`` cost per sample of the same mix (``cost``: CPU
+    seconds per sample of each source, weighted by the mix's sample weights). It counts what the
+    loaders did ahead for later steps too, which can only raise it (it favours the baselines,
+    whose loaders are charged the raw cost)."""
+    per_sample = measured["worker_cpu_s"] / max(1, measured["samples"])
+    raw = sum(WEIGHTS[n] * c for n, c in cost.items() if n in WEIGHTS) / sum(
+        WEIGHTS[n] for n in cost if n in WEIGHTS)
+    return (per_sample / raw if raw > 0 else 1.0), per_sample
 
 
 def _summarise(logs: list[list[dict]], cfg: ProcessRun) -> dict:
@@ -221,7 +251,8 @@ def _summarise(logs: list[list[dict]], cfg: ProcessRun) -> dict:
     tokens = np.array([sum(log[s]["tokens"] for log in logs) for s in range(steps)])
     sim_step = walls / cfg.dilation  # seconds on the simulated cluster
     stall = np.maximum(0.0, sim_step - span)
-    return {"tokens": float(tokens.sum()), "step": float(sim_step.sum()), "work": float(work.sum()),
+    return {"tokens": float(tokens.sum()), "samples": int(sum(l["samples"] for log in logs for l in log)),
+            "step": float(sim_step.sum()), "work": float(work.sum()),
             "mean_work": float(mean_work.sum()), "bubble": float((span - work).sum()),
             "stall": float(stall.sum()), "wait_here_s": float(sum(l["wait"] for log in logs for l in log)),
             "curve": [(float(t), float(k)) for t, k in zip(np.cumsum(sim_step), np.cumsum(tokens))]}
@@ -261,8 +292,15 @@ def run_processes(cfg: ProcessRun) -> dict[str, dict]:
         kind, value = here.recv()
         if kind == "error":
             raise RuntimeError(f"mdata cluster: {value}")
-        logs = _run_drivers(cfg, _mdata_main, (value[0], "e2e"))
+        workers = value[2]  # the loader and constructor processes (the scheduler is charged apart)
+        cpu = [0.0, 0.0]
+
+        def on_measure(i: int) -> None:
+            cpu[i] = sum(_cpu_seconds(pid) for pid in workers)
+
+        logs = _run_drivers(cfg, _mdata_main, (value[0], "e2e"), on_measure)
         out["mdata"] = _summarise(logs, cfg)
+        out["mdata"]["worker_cpu_s"] = cpu[1] - cpu[0]
     finally:
         try:
             here.send(("stop",))
@@ -325,7 +363,13 @@ def run(quick: bool, figures_so_far: Mapping[str, object] | None = None) -> dict
     CURVES_FILE.parent.mkdir(parents=True, exist_ok=True)
     CURVES_FILE.write_text(json.dumps(_CURVES))
 
-    figures.update(at_scale_figures(meta, cost, quick, control))
+    factor, per_sample = mdata_cpu_factor(ours, cost)
+    factor = max(1.0, factor)  # never charged below the raw path (a short run can read low)
+    figures["e2e.mdata_cpu_per_sample_factor"] = figure(
+        factor, unit="x", note=(f"mdata's loader and constructor CPU per received sample in the process "
+                                f"run ({1e3 * per_sample:.1f} ms) over the raw load_chunk cost of the mix; "
+                                "charged to mdata's loaders in the at-scale simulation"))
+    figures.update(at_scale_figures(meta, cost, quick, control, mdata_cpu_factor=factor))
     figures.update(_stage_aware_figures(meta, cost, quick))
     for name, c in cost.items():
         figures[f"e2e.loader_cpu_ms_per_sample.{name}"] = 1e3 * c

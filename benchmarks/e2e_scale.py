@@ -10,7 +10,9 @@ Regimes (``REGIMES``): ``vlm`` (the e2e mix of ``benchmarks/e2e_data.py``, 32k c
 TP 4 x PP 4 x CP 2) and the long-short text matrix ``text4k``, ``text8k``, ``text16k`` and
 ``text32k`` (its text sources only: whole plays and poems with a tail past 32k tokens, Python
 modules, play scenes; TP 4 x PP 4, CP 1 at 4k and 8k, 2 at 16k, 4 at 32k, so no GPU holds more
-than 8k tokens of a sequence); all ``llava-ov-7b`` with 2 x PP micro-batches of the context per
+than 8k tokens of a sequence) and ``video`` (:data:`VIDEO`: the corpus's clips decoded for real,
+8 frames of 378 x 378, beside single images, interleaved documents and text, after
+LLaVA-OneVision's OneVision stage; TP 4 x PP 4 x CP 2 as ``vlm``); all ``llava-ov-7b`` with 2 x PP micro-batches of the context per
 DP rank, 90% full on average. A regime's figure is at 1,024 GPUs (quick runs too); full runs
 add 4,096 and 8,192 GPUs (``.<gpus>`` suffix) and the interleaved schedule
 (``vlm_interleaved``: 2 model chunks per device, at 1,024 GPUs).
@@ -33,20 +35,27 @@ import numpy as np
 
 from benchmarks.e2e_baselines import BASELINES
 from benchmarks.e2e_control import ControlCost
-from benchmarks.e2e_data import WEIGHTS
+from benchmarks.e2e_data import WEIGHTS, with_videos
 from benchmarks.e2e_sim import PARTS, Setup, simulate
 from benchmarks.harness import figure
 from mdata.metadata import SourceMetadata
 
-__all__ = ["CORES_SWEEP", "REGIMES", "at_scale_figures", "cores_key", "regime_runs"]
+__all__ = ["CORES_SWEEP", "REGIMES", "VIDEO", "at_scale_figures", "cores_key", "regime_runs"]
 
 TEXT = {n: (1.0 if n in ("books", "code", "scenes") else 0.0) for n in WEIGHTS}
+#: The video regime's mix, by samples: LLaVA-OneVision's OneVision stage (Li et al., 2024) holds
+#: 1.6M samples, 0.35M of them video and 0.56M multi-image, the rest (about 0.69M) single
+#: images: videos : interleaved : captions = 3.5 : 5.6 : 6.9; plus the ``vlm`` mix's one unit of
+#: text-only samples (books, code, scenes, 1/3 each), so the language model keeps seeing text.
+VIDEO = {"captions": 6.9, "interleaved": 5.6, "books": 1 / 3, "code": 1 / 3, "scenes": 1 / 3,
+         "videos": 3.5}
 REGIMES: dict[str, Setup] = {
     "vlm": Setup(weights=WEIGHTS),
     "text4k": Setup(weights=TEXT, cp=1, max_tokens=4096),
     "text8k": Setup(weights=TEXT, cp=1, max_tokens=8192),
     "text16k": Setup(weights=TEXT, cp=2, max_tokens=16384),
     "text32k": Setup(weights=TEXT, cp=4, max_tokens=32768),
+    "video": Setup(weights=VIDEO),
 }
 HEADLINE_GPUS = 1024
 MORE_GPUS = (4096, 8192)
@@ -138,16 +147,26 @@ def _figures(key: str, setup: Setup, runs: list[dict], steps: int) -> dict[str, 
         out[f"e2e.micro_batches.{side}.{key}"] = max(r["shape"][f"micro_batches.{side}"] for r in runs)
     out[f"e2e.tokens_per_step.{key}"] = float(np.mean([r["shape"]["tokens_per_step"] for r in runs]))
     out[f"e2e.fixed_s_per_step.{key}"] = float(shape["fixed_s"])
+    mdata = [r["mdata"] for r in runs]
+    out[f"e2e.network_s_per_step.{key}"] = figure(
+        float(np.mean([m.get("network", 0.0) / m["steps"] for m in mdata])), unit="s",
+        note=(f"what mdata's batches need of each node's data NIC per step "
+              f"({setup.nic_bytes_per_s * 8 / 1e9:g} Gb/s; loader to constructor and to each "
+              f"receiving rank), against a step of "
+              f"{np.mean([m['step'] / m['steps'] for m in mdata]):.2f} s"))
     return out
 
 
 def at_scale_figures(meta: Mapping[str, SourceMetadata], cost: Mapping[str, float],
-                     quick: bool, control: ControlCost | None = None) -> dict[str, object]:
+                     quick: bool, control: ControlCost | None = None,
+                     mdata_cpu_factor: float = 1.0) -> dict[str, object]:
     """Every regime at 1,024 GPUs with its loader-cores sweep (full runs: also 4,096 and 8,192,
     and interleaved 1F1B); ``control``: what mdata's scheduler costs a step (charged to mdata;
-    None: not charged)."""
+    None: not charged); ``mdata_cpu_factor``: mdata's loader CPU per sample over the raw cost
+    (:attr:`~benchmarks.e2e_sim.Setup.mdata_cpu_factor`, measured in the process run)."""
     steps, seeds = (2, (0, 1)) if quick else (4, (0, 1, 2))
     sweep = QUICK_CORES_SWEEP if quick else CORES_SWEEP
+    meta, cost, out = with_videos(meta, cost, quick)  # the video regime's source, when missing
     cases: list[tuple[str, Setup]] = []
     for name, setup in REGIMES.items():
         cases.append((name, replace(setup, gpus=HEADLINE_GPUS)))
@@ -155,9 +174,8 @@ def at_scale_figures(meta: Mapping[str, SourceMetadata], cost: Mapping[str, floa
             cases += [(f"{name}.{g}", replace(setup, gpus=g)) for g in MORE_GPUS]
     if not quick:
         cases.append(("vlm_interleaved", replace(REGIMES["vlm"], gpus=HEADLINE_GPUS, virtual=2)))
-    out: dict[str, object] = {}
     for key, setup in cases:
-        setup = replace(setup, control=control)
+        setup = replace(setup, control=control, mdata_cpu_factor=mdata_cpu_factor)
         headline = key in REGIMES  # a regime at the headline size: its loader-cores sweep too
         runs = regime_runs(setup, meta, cost, steps, seeds, sweep if headline else ())
         out.update(_figures(key, setup, runs, steps))

@@ -10,7 +10,9 @@ same loader CPU budget per GPU (:class:`~benchmarks.e2e_model.Node`) and **the s
   :func:`mdata.planner.simulate` drives it) plans every step's global batch (sized to the step's
   token budget from the mix's mean tokens); each DP rank's micro-batches are exactly the
   ``ConstructStep`` group it would receive. Loading is spread over every node's loader cores, each
-  sample loaded once.
+  sample loaded once, at the CPU per sample its loaders and constructor spent in the process run
+  (``Setup.mdata_cpu_factor`` times the raw cost), and its batches cross each node's data NIC
+  (``Setup.nic_bytes_per_s``) from loader to constructor and to every receiving rank.
 * **the baselines** (``benchmarks/e2e_baselines.py``: ``dataloader``, ``megatron``,
   ``local_best``, ``bridge``): each step every rank takes ``1 / dp`` of the tokens of mdata's step
   (``dataloader``: of its samples) into the same number of micro-batches per rank.
@@ -45,7 +47,7 @@ from mdata.planner.events import BatchConsumed, ChunkLoaded, Tick
 from mdata.planner.instructions import ConstructStep, JobFailed, LoadChunk, StepReady
 from mdata.planner.state import PlannerState
 
-__all__ = ["PARTS", "Setup", "mean_tokens", "ratio_breakdown", "simulate", "vit_per_layer"]
+__all__ = ["PARTS", "Setup", "batch_bytes", "mean_tokens", "ratio_breakdown", "simulate", "vit_per_layer"]
 
 #: Factors of a throughput ratio, in the order their product is taken.
 PARTS = ("flops_per_token", "balance", "bubbles", "data_stalls", "fixed")
@@ -77,6 +79,13 @@ class Setup:
     seed: int = 0
     by_stage: bool = False  # the Planner's cost model as modules: it balances every stage
     control: ControlCost | None = None  # mdata's scheduler per step (None: not charged)
+    #: mdata's loader and constructor CPU per sample over the raw ``load_chunk`` cost (measured
+    #: in the process run, :mod:`benchmarks.e2e`; 1: not charged)
+    mdata_cpu_factor: float = 1.0
+    #: what each node's data NIC moves per second: mdata's batches cross it from loader to
+    #: constructor and from constructor to each receiving rank (a DGX H100's 400 Gb/s in-band
+    #: ConnectX-7 port; the compute fabric is left to the collectives)
+    nic_bytes_per_s: float = 50e9
 
     @property
     def dp(self) -> int:
@@ -161,6 +170,7 @@ def _pipelines(setup: Setup, per_step, loader_cost: np.ndarray, layers) -> list[
         out.append({"spans": [pipeline_makespan(t, setup.virtual) for t in times],
                     "works": [t.work for t in times],
                     "load": [float(loader_cost[srcs].sum()) for _, srcs in ranks],
+                    "bytes": sum(batch_bytes(t, p) for mbs, _ in ranks for t, p in mbs),
                     "tokens": sum(float(t.sum()) for mbs, _ in ranks for t, _ in mbs),
                     "micro_batches": max(len(mbs) for mbs, _ in ranks)})
     return out
@@ -178,14 +188,20 @@ def _system(setup: Setup, pipes: list[dict], fixed: float, kind: str, cores: flo
     onset = 0.0
     for p in pipes:
         spans, works, load = p["spans"], p["works"], p["load"]  # load: core-seconds per DP group
-        if kind == "mdata":  # each sample once, over every GPU's loader cores
-            per_core = sum(load) / setup.gpus
+        if kind == "mdata":  # each sample once, over every GPU's loader cores, at the CPU per
+            # sample mdata's loaders and constructors spend (the process run's, over the raw path)
+            per_core = setup.mdata_cpu_factor * sum(load) / setup.gpus
         elif kind == "dataloader":  # every GPU loads its DP group's samples on its own cores
             per_core = max(load)
         else:  # TP rank 0 of each loading rank, on its TP group's cores
             per_core = max(load) / setup.tp
         need = per_core / cores  # seconds the slowest loading rank needs for the step
         makespan = max(spans)
+        if kind == "mdata":  # its batches cross a node's data NIC: loader to constructor, then
+            # constructor to each receiving rank of the group (PP stages x CP ranks, TP broadcast)
+            network = p["bytes"] * (1 + setup.pp) / max(1, setup.gpus // setup.node.gpus) / setup.nic_bytes_per_s
+            total["network"] = total.get("network", 0.0) + network
+            need = max(need, network)  # both run ahead of compute, side by side
         stall = max(0.0, need - makespan - fixed)  # loaders keep working through the all-reduce
         # below this many loader cores per GPU, this step would wait for its data
         onset = max(onset, per_core / (makespan + fixed))
@@ -204,6 +220,16 @@ def _system(setup: Setup, pipes: list[dict], fixed: float, kind: str, cores: flo
     total["steps"] = len(pipes)
     total["stall_onset_cores"] = onset  # loaders alone (mdata's scheduler aside)
     return total
+
+
+#: Bytes a batch carries per token (input ids, labels and positions, int32 each) and per image
+#: patch (14 x 14 RGB pixels, uint8).
+TOKEN_BYTES, PATCH_BYTES = 12, 14 * 14 * 3
+
+
+def batch_bytes(tokens: np.ndarray, patches: np.ndarray) -> float:
+    """What a micro-batch of samples with these token and patch counts weighs on the wire."""
+    return float(TOKEN_BYTES * np.sum(tokens) + PATCH_BYTES * np.sum(patches))
 
 
 def _ideal(setup: Setup, per_step, layers, fixed: float) -> dict[str, float]:

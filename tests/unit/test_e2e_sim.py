@@ -145,3 +145,40 @@ def test_a_slope_lost_in_noise_is_charged_as_an_upper_bound() -> None:
     fit = from_figures(figures)  # the whole of the 24-rank world's CPU, per rank: 1.5 ms each
     assert (fit.fixed_ms, fit.per_rank_us, fit.per_group_us) == (0.0, 1500.0, 0.0)
     assert fit.seconds(1024, 128) == pytest.approx(1024 * 1.5e-3)
+
+
+def test_mdata_pays_its_measured_cpu_per_sample_and_its_network() -> None:
+    """mdata's loaders are charged the measured CPU per sample over the raw cost (its stall onset
+    grows by exactly that factor, the baselines' not at all), and its batches' bytes cross each
+    node's NIC: a NIC too slow for them stalls mdata alone."""
+    meta, cost = _meta(), {"text": 1e-4, "images": 1e-3}
+    raw = simulate(_setup(), meta, cost, steps=2)
+    dear = simulate(_setup(mdata_cpu_factor=3.0), meta, cost, steps=2)
+    assert dear["mdata"]["stall_onset_cores"] == pytest.approx(3 * raw["mdata"]["stall_onset_cores"])
+    for name in BASELINES:
+        assert dear[name]["stall_onset_cores"] == raw[name]["stall_onset_cores"]
+    step = raw["mdata"]["step"] / raw["mdata"]["steps"]
+    assert 0 < raw["mdata"]["network"] / raw["mdata"]["steps"] < step and raw["mdata"]["stall"] == 0.0
+    # 64 GPUs on 8 nodes; every sample's bytes cross a NIC 1 + pp times
+    slow = simulate(_setup(nic_bytes_per_s=1e6), meta, cost, steps=2)
+    assert slow["mdata"]["network"] == pytest.approx(raw["mdata"]["network"] * 50e9 / 1e6)
+    assert slow["mdata"]["stall"] > 0 and all(slow[name]["stall"] == 0.0 for name in BASELINES)
+    assert slow["ratio"]["megatron"]["data_stalls"] < 1.0  # the stall is mdata's loss
+
+
+def test_batch_bytes_count_token_columns_and_patch_pixels() -> None:
+    from benchmarks.e2e_sim import PATCH_BYTES, TOKEN_BYTES, batch_bytes
+    assert batch_bytes(np.array([10, 20]), np.array([0, 4])) == 30 * TOKEN_BYTES + 4 * PATCH_BYTES
+    assert PATCH_BYTES == 14 * 14 * 3
+
+
+def test_the_cpu_factor_is_received_samples_cpu_over_the_mixs_raw_cost() -> None:
+    from benchmarks.e2e import mdata_cpu_factor
+    from benchmarks.e2e_data import WEIGHTS
+
+    cost = {n: 0.01 for n in WEIGHTS}
+    factor, per_sample = mdata_cpu_factor({"worker_cpu_s": 3.0, "samples": 100}, cost)
+    assert per_sample == pytest.approx(0.03) and factor == pytest.approx(3.0)
+    cost["captions"] = 0.02  # weighted by the mix's samples: captions are 5 of 11 parts
+    factor, _ = mdata_cpu_factor({"worker_cpu_s": 3.0, "samples": 100}, cost)
+    assert factor == pytest.approx(0.03 / ((5 * 0.02 + 6 * 0.01) / 11))
