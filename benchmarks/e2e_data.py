@@ -10,7 +10,13 @@ Sources (every one real material, see ``mdata.data.example``):
   quality 90 at native size), ``k`` drawn from a Poisson law of mean 2.5 cut at 6: OBELICS
   (Laurencon et al., 2023) holds 353M images in 141M documents, 2.5 per document;
 * ``books`` (long text, whole plays and poems past the context), ``code`` (Python's standard
-  library) and ``scenes`` (medium text).
+  library) and ``scenes`` (medium text);
+* ``videos`` (the ``video`` regime only, :func:`e2e_video_source`): the corpus's captioned clips
+  (H.264 and VP9 pans and zooms over its photographs), decoded for real with PyAV by
+  :class:`~mdata.sources.video_transform.DecodeVideoCaption`: 8 frames of a 1 s window, each
+  resized to SigLIP-384's 378 x 378 (27 x 27 patches of 14 px, one encoder tile per frame), so
+  a clip is 5,832 patches plus its caption's tokens. Its metadata is cached in a file of its own
+  (``profile-videos-v<VIDEO_VERSION>.npz``), so adding it leaves the five-source cache valid.
 
 Weights, by samples, follow MM1's pre-training mix (McKinney et al., 2024, section 3.3):
 captions : interleaved : text-only = 5 : 5 : 1, the text share split evenly over books, code and
@@ -41,8 +47,8 @@ from mdata.sources.images import ImageProblem, decode_image
 from mdata.sources.transforms import (ChunkContext, SampleOutput, SampleTransform,
                                       _encode_isolating, _finish_tokens, _texts, _Tokenizing)
 
-__all__ = ["DecodeInterleaved", "E2E_DIR", "WEIGHTS", "e2e_metadata", "e2e_sources",
-           "loader_cost_per_sample"]
+__all__ = ["DecodeInterleaved", "E2E_DIR", "VIDEO_FRAME", "WEIGHTS", "e2e_metadata", "e2e_sources",
+           "e2e_video_source", "loader_cost_per_sample", "with_videos"]
 
 E2E_DIR = CACHE / "bench-e2e"
 PATCH = 14
@@ -51,6 +57,10 @@ WEIGHTS = {"captions": 5.0, "interleaved": 5.0, "books": 1 / 3, "code": 1 / 3, "
 NATIVE = 1 << 16  # a patch budget no photo of the corpus reaches: images keep their native size
 MEAN_IMAGES, MAX_IMAGES = 2.5, 6
 VERSION = 1
+#: The video source's frames: SigLIP-384's input (27 x 27 patches of 14 px), as LLaVA-OneVision
+#: encodes each video frame; bump VIDEO_VERSION when the clip sampling changes.
+VIDEO_FRAME = (27 * PATCH, 27 * PATCH)
+VIDEO_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -150,9 +160,40 @@ def e2e_sources(corpus: Path | None = None) -> list[Source]:
     return [captions, interleaved, *text]
 
 
+def e2e_video_source(corpus: Path | None = None) -> Source:
+    """The corpus's ``videos`` source as the ``video`` regime reads it (module docstring): the
+    example's frame sampling (8 frames of a 1 s window), frames at :data:`VIDEO_FRAME`."""
+    corpus = corpus_dir(corpus)
+    by_name = {s.name: s for s in example_sources(corpus, tokenizer=TOKENIZER)}
+    if "videos" not in by_name:
+        raise RuntimeError(f"the example corpus at {corpus} has no videos source: it is built only "
+                           "when PyAV (the `video` extra) is installed; install it and delete the "
+                           "corpus folder to rebuild it")
+    videos = by_name["videos"]
+    return replace(videos, chunk_rows=4, transform=replace(videos.transform, patch_size=PATCH,
+                                                            frame_size=VIDEO_FRAME))
+
+
+def _profile_path(name: str) -> Path:
+    """The cache file of one source's metadata: the video source's apart from the five others."""
+    if name == "videos":
+        return E2E_DIR / f"profile-videos-v{VIDEO_VERSION}.npz"
+    return E2E_DIR / f"profile-v{VERSION}.npz"
+
+
 def e2e_metadata(sources: Sequence[Source]) -> dict[str, SourceMetadata]:
-    """Every row's token and patch counts, from the real transforms (cached per build)."""
-    path = E2E_DIR / f"profile-v{VERSION}.npz"
+    """Every row's token and patch counts, from the real transforms (cached per build: the
+    five-source mix in one file, the video source in its own), in the order of ``sources``."""
+    groups: dict[Path, list[Source]] = {}
+    for src in sources:
+        groups.setdefault(_profile_path(src.name), []).append(src)
+    found: dict[str, SourceMetadata] = {}
+    for path, group in groups.items():
+        found.update(_metadata(group, path))
+    return {s.name: found[s.name] for s in sources}
+
+
+def _metadata(sources: Sequence[Source], path: Path) -> dict[str, SourceMetadata]:
     if path.exists():
         with np.load(path) as z:
             return {s.name: SourceMetadata(s.name, tuple(z[f"{s.name}/tok/{k}"] for k in range(int(z[f"{s.name}/n"]))),
@@ -175,6 +216,7 @@ def e2e_metadata(sources: Sequence[Source]) -> dict[str, SourceMetadata]:
             arrays[f"{src.name}/tok/{k}"], arrays[f"{src.name}/pat/{k}"] = t, p
         out[src.name] = SourceMetadata(src.name, tuple(toks), tuple(pats))
     cache.clear()
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp.npz")
     np.savez(tmp, **arrays)
     tmp.replace(path)
@@ -202,4 +244,23 @@ def loader_cost_per_sample(sources: Sequence[Source], chunks: int = 2) -> dict[s
     return out
 
 
+def with_videos(meta: Mapping[str, SourceMetadata], cost: Mapping[str, float],
+                quick: bool) -> tuple[dict[str, SourceMetadata], dict[str, float], dict[str, object]]:
+    """``meta`` and ``cost`` with the video source added when they lack it (the five sources of
+    :func:`e2e_sources` do): its rows' counts from the real decode (cached, :func:`e2e_metadata`)
+    and its CPU per clip measured here (:func:`loader_cost_per_sample`, as for the others); the
+    third value holds ``e2e.loader_cpu_ms_per_sample.videos`` when it was measured here."""
+    from benchmarks.harness import figure
 
+    meta, cost = dict(meta), dict(cost)
+    if "videos" in meta and "videos" in cost:
+        return meta, cost, {}
+    src = e2e_video_source()
+    meta.update(e2e_metadata([src]))
+    cost.update(loader_cost_per_sample([src], chunks=1 if quick else 3))
+    clip, t = np.concatenate(meta["videos"].num_patches), src.transform
+    note = (f"CPU per clip on one core in load_chunk: read, PyAV decode of {t.num_frames} frames of "
+            f"a {t.clip_seconds:g} s window, resize to {t.frame_size[0]}x{t.frame_size[1]}, caption "
+            f"tokenized; {int(clip.min())}-{int(clip.max())} patches per clip; the small corpus's clips "
+            "are 160x120 to 320x240, 1.5 s")
+    return meta, cost, {"e2e.loader_cpu_ms_per_sample.videos": figure(1e3 * cost["videos"], unit="ms", note=note)}
