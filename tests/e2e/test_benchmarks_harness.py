@@ -59,7 +59,7 @@ def test_quick_run_reports_end_to_end_figures(tmp_path: Path) -> None:
         product *= figures[f"e2e.breakdown.{part}"]
     assert abs(product - figures["e2e.tokens_per_s.ratio"]) < 1e-6 * product
     # At scale: every baseline in every regime, at equal work, and mdata beside the ideal.
-    for regime in ("vlm", "text4k", "text8k", "text16k", "text32k"):
+    for regime in ("vlm", "text4k", "text8k", "text16k", "text32k", "video"):
         for baseline in ("dataloader", "megatron", "local_best", "bridge"):
             assert figures[f"e2e.ratio.{baseline}.{regime}"] > 0
             assert 0.97 < figures[f"e2e.tokens_per_step_ratio.{baseline}.{regime}"] < 1.03
@@ -73,6 +73,8 @@ def test_quick_run_reports_end_to_end_figures(tmp_path: Path) -> None:
         # mdata pays its scheduler (measured here: the control benchmark did not run before)
         assert figures[f"e2e.scheduler_s_per_step.{regime}"] > 0
         assert figures[f"e2e.scheduler_stall_s_per_step.{regime}"] >= 0
+    # The video regime's clips were decoded for real: their loader CPU was measured here.
+    assert figures["e2e.loader_cpu_ms_per_sample.videos"] > 0
     # Work and bubbles are never negative; each system trained something.
     for side in ("mdata", "baseline"):
         assert figures[f"e2e.seconds.work.{side}"] > 0
