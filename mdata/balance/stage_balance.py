@@ -131,6 +131,22 @@ def balance_step_by_stage(num_tokens: np.ndarray, stage_costs: np.ndarray, *, dp
     return StageAssignment(assignment, spans, stage_lower_bound(sc, dp), scalar_span)
 
 
+def _least(grid: np.ndarray, k: int) -> np.ndarray:
+    """Flat indices of the ``k`` least values of ``grid`` (rows x columns), as ``argpartition``
+    over the whole grid finds them, without partitioning it all: the ``k``-th least row
+    minimum bounds the ``k``-th least value (those rows' minima are ``k`` distinct values), so
+    only values up to it can be among them; usually a small share of a rank pair's swaps."""
+    flat = grid.ravel()
+    if flat.size <= k:
+        return np.arange(flat.size)
+    if grid.shape[0] > k:
+        bound = np.partition(grid.min(axis=1), k - 1)[k - 1]
+        near = np.flatnonzero(flat <= bound)
+        if near.size < flat.size:
+            return near[np.argpartition(flat[near], k)[:k]] if near.size > k else near
+    return np.argpartition(flat, k)[:k]
+
+
 def _refine(sc: np.ndarray, tokens: np.ndarray, rank: np.ndarray, mb: np.ndarray, dp: int,
             m: int, cap: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Moves and swaps against the slowest rank (step 2 of the module docstring); renumbers
@@ -174,8 +190,9 @@ def _refine(sc: np.ndarray, tokens: np.ndarray, rank: np.ndarray, mb: np.ndarray
                              load2[b2] + sx[:, b2, None] - sy[None, :, b2])
             grow = ty[None, :] - tx[:, None]
             ok = (grow <= (cap - toks[r1, bx])[:, None]) & (-grow <= (cap - toks[r2, by])[None, :])
-            est = np.where(ok, est, np.inf).ravel()
-            flat = np.argpartition(est, _CHECKED)[:_CHECKED] if est.size > _CHECKED else np.arange(est.size)
+            est = np.where(ok, est, np.inf)
+            flat = _least(est, _CHECKED)
+            est = est.ravel()
             for f in flat[np.argsort(est[flat], kind="stable")].tolist():
                 a, b = divmod(f, y.size)
                 if np.isfinite(est[f]):
