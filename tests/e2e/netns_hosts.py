@@ -15,6 +15,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -25,6 +26,12 @@ def netns_unusable_reason() -> str | None:
     """Why namespaced hosts cannot be made here; None when they can."""
     if os.geteuid() != 0:
         return "network namespaces need root (CI runs this test as root)"
+    for what, path in (("the checkout", Path(__file__).resolve().parents[2]),
+                       ("the Python environment", Path(sys.prefix))):
+        if path == Path("/tmp") or Path("/tmp") in path.parents:
+            return (f"{what} lies under /tmp ({path}), which every namespaced host replaces with a "
+                    f"private one, so its processes could not start: run the test from a checkout "
+                    f"and environment outside /tmp")
     if shutil.which("ip") is None or shutil.which("unshare") is None:
         return "`ip` (iproute2) or `unshare` (util-linux) is not installed"
     probe = f"mdprobe{os.getpid() % 100000}"
