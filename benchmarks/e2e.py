@@ -32,11 +32,11 @@ import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import numpy as np
 
 from benchmarks.baseline import IMAGE_TOKEN_ID, MixingPackingDataset, make_loader
+from benchmarks.counting import cpu_seconds
 from benchmarks.e2e_data import E2E_DIR, WEIGHTS, e2e_metadata, e2e_sources, loader_cost_per_sample
 from benchmarks.e2e_model import GPU, MODELS, Node, VLM, planner_cost, one_f_one_b, stage_seconds
 from benchmarks.e2e_scale import at_scale_figures
@@ -214,15 +214,6 @@ def _run_drivers(cfg: ProcessRun, target, extra: tuple, on_measure=None) -> list
                 p.join()
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU of one process so far, from /proc (0 once it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def mdata_cpu_factor(measured: Mapping[str, float], cost: Mapping[str, float]) -> tuple[float, float]:
     """``(factor, cpu_s_per_sample)``: the CPU mdata's loader and constructor processes spent per
     sample the trainers received in the process run (``measured``: ``worker_cpu_s`` and
@@ -296,7 +287,7 @@ def run_processes(cfg: ProcessRun) -> dict[str, dict]:
         cpu = [0.0, 0.0]
 
         def on_measure(i: int) -> None:
-            cpu[i] = sum(_cpu_seconds(pid) for pid in workers)
+            cpu[i] = cpu_seconds(workers)
 
         logs = _run_drivers(cfg, _mdata_main, (value[0], "e2e"), on_measure)
         out["mdata"] = _summarise(logs, cfg)
