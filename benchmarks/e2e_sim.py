@@ -198,7 +198,8 @@ def _system(setup: Setup, pipes: list[dict], fixed: float, kind: str, cores: flo
         need = per_core / cores  # seconds the slowest loading rank needs for the step
         makespan = max(spans)
         if kind == "mdata":  # its batches cross a node's data NIC: loader to constructor, then
-            # constructor to each receiving rank of the group (PP stages x CP ranks, TP broadcast)
+            # constructor to the group's receivers, charged as the whole batch to every pipeline
+            # stage (an upper bound: CP ranks split theirs, later stages need less than the first)
             network = p["bytes"] * (1 + setup.pp) / max(1, setup.gpus // setup.node.gpus) / setup.nic_bytes_per_s
             total["network"] = total.get("network", 0.0) + network
             need = max(need, network)  # both run ahead of compute, side by side
