@@ -96,6 +96,12 @@ class ChunkRecords:
         pos = np.minimum(np.searchsorted(sk, keys), sk.size - 1)
         return self.sorted_recs[pos], sk[pos] == keys
 
+    def find(self, key: int) -> int | None:
+        """The record of one key, or None when it is not indexed."""
+        sk = self.sorted_keys
+        pos = int(np.searchsorted(sk, key))
+        return int(self.sorted_recs[pos]) if pos < sk.size and sk[pos] == key else None
+
     def index(self, keys: np.ndarray, recs: np.ndarray) -> None:
         """Add new (absent, distinct) keys to the sorted index."""
         order = np.argsort(keys, kind="stable")

@@ -56,8 +56,8 @@ class ChunkTable:
 
     A chunk's record counts the planned steps that need it; a chunk no step needs is *held*
     while its chunk id is inside its source's current window, and dropped otherwise. Records
-    are arrays (:class:`~mdata.planner.chunk_arrays.ChunkRecords`); a loaded chunk's handle for :meth:`fill` is its record
-    number.
+    are arrays (:class:`~mdata.planner.chunk_arrays.ChunkRecords`); a loaded chunk's handle
+    for :meth:`fill` is its record number.
     """
 
     def __init__(self, orders: Sequence[SourceOrder], job: str, width: int) -> None:
@@ -66,7 +66,6 @@ class ChunkTable:
         self.job = job
         self.store = FeatureStore(width)
         self._r = ChunkRecords()
-        self._rec_of: dict[int, int] = {}  # key -> record, for one-chunk lookups
         self._loaded = 0  # how many chunks are loaded
         self._clock = 0  # orders requests and holds
         self._by_task: dict[tuple, int] = {}  # Dask task key -> int key
@@ -78,10 +77,10 @@ class ChunkTable:
 
     # -- queries -------------------------------------------------------------------------------
     def __len__(self) -> int:
-        return len(self._rec_of)
+        return int(self._r.sorted_keys.size)
 
     def __contains__(self, ref: ChunkRef) -> bool:
-        return chunk_key(ref.source_index, ref.chunk_id) in self._rec_of
+        return self.record_of(chunk_key(ref.source_index, ref.chunk_id)) is not None
 
     @property
     def in_memory(self) -> int:
@@ -93,7 +92,11 @@ class ChunkTable:
     def count_loaded(self) -> int:
         """How many chunks are loaded, counted afresh over every record (a check of
         :attr:`in_memory`)."""
-        return int(self._r.loaded[list(self._rec_of.values())].sum())
+        return int(self._r.loaded[self._r.sorted_recs].sum())
+
+    def record_of(self, key: int) -> int | None:
+        """The record of chunk ``key``, or None when it is not requested or loaded."""
+        return self._r.find(key)
 
     def loaded(self, rec: int) -> bool:
         """Whether the chunk of record ``rec`` (from :meth:`placed`) has its features."""
@@ -101,7 +104,7 @@ class ChunkTable:
 
     def refs(self) -> list[ChunkRef]:
         """Chunks currently requested or loaded, in request order."""
-        recs = np.fromiter(self._rec_of.values(), np.int64, len(self._rec_of))
+        recs = self._r.sorted_recs
         return self._r.ref[recs[np.argsort(self._r.requested[recs], kind="stable")]].tolist()
 
     def refs_of(self, keys) -> list[ChunkRef]:
@@ -119,8 +122,7 @@ class ChunkTable:
     def held(self) -> list[int]:
         """Keys of the chunks kept only for their shuffle window (by source, then by when)."""
         r = self._r
-        recs = np.fromiter(self._rec_of.values(), np.int64, len(self._rec_of))
-        recs = recs[r.refs[recs] == 0]
+        recs = r.sorted_recs[r.refs[r.sorted_recs] == 0]
         keys = r.key[recs]
         return keys[np.lexsort((r.held_since[recs], keys >> SHIFT))].tolist()
 
@@ -215,7 +217,7 @@ class ChunkTable:
         i, cid = key >> SHIFT, key & MASK
         ref = self.orders[i].chunk_ref(cid, i, self.job)
         r = self._r
-        rec = self._rec_of[key] = r.take()
+        rec = r.take()
         r.key[rec], r.refs[rec], r.loaded[rec] = key, 0, False
         r.start[rec], r.ref[rec], r.worker[rec] = ref.start, ref, None
         r.in_window[rec] = cid in self._win_chunks[i]
@@ -247,7 +249,6 @@ class ChunkTable:
         r = self._r
         for rec in recs.tolist():
             key, ref, worker = int(r.key[rec]), r.ref[rec], r.worker[rec]
-            del self._rec_of[key]
             self._by_task.pop(ref.key, None)
             if worker is not None:
                 self._by_worker.get(worker, {}).pop(key, None)
@@ -264,7 +265,7 @@ class ChunkTable:
         """A load of ``ref`` finished on ``worker``: its record, or None if it was released
         before its load finished (nothing needs it)."""
         key = chunk_key(ref.source_index, ref.chunk_id)
-        rec = self._rec_of.get(key)
+        rec = self.record_of(key)
         if rec is None:
             return None
         was = self._r.worker[rec]
@@ -298,7 +299,7 @@ class ChunkTable:
     def fill_empty(self, ref: ChunkRef) -> None:
         """A requested chunk none of whose rows can be used (quarantined): loaded, on no worker,
         with no kept row, so a step's walk passes over its rows like skipped ones."""
-        rec = self._rec_of.get(chunk_key(ref.source_index, ref.chunk_id))
+        rec = self.record_of(chunk_key(ref.source_index, ref.chunk_id))
         if rec is not None and not self._r.loaded[rec]:
             empty = np.zeros(0, np.int64)
             self.fill(rec, empty, empty, empty)
@@ -313,7 +314,7 @@ class ChunkTable:
                 keys[k] = None
         r = self._r
         for k in keys:
-            rec = self._rec_of.get(k)
+            rec = self.record_of(k)
             if rec is None or r.worker[rec] != worker:
                 continue  # released already, or its reload is under way elsewhere
             if not r.refs[rec]:  # only held for its window: forget it, a later step reloads it

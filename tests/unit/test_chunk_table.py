@@ -242,7 +242,10 @@ def test_records_find_keys_added_in_any_order_and_forget_removed_ones():
     recs.unindex(np.array([chunk_key(2, 1), chunk_key(0, 3)]))
     assert recs.lookup(np.array([chunk_key(2, 1), chunk_key(2, 7)]))[1].tolist() == [False, True]
     assert recs.of_source(0).tolist() == [more_made[0]]
+    assert recs.find(chunk_key(2, 7)) == made[0] and recs.find(chunk_key(2, 1)) is None
+    assert recs.find(chunk_key(9, 0)) is None  # past every key
     assert ChunkRecords().lookup(np.array([5]))[1].tolist() == [False]
+    assert ChunkRecords().find(5) is None
 
 
 def test_random_steps_keep_requests_holds_and_releases_consistent():
@@ -278,7 +281,7 @@ def test_random_steps_keep_requests_holds_and_releases_consistent():
         elif kind == 2:
             step = live[rng.integers(len(live))]
             ready = sorted(k for k in needs[step] | set(some_keys())
-                           if last.get(k) == "L" and t.loaded(t._rec_of[k]))  # balanced on loaded ones
+                           if last.get(k) == "L" and t.loaded(t.record_of(k)))  # balanced on loaded ones
             final = rng.permutation(ready)[:3].tolist()
             t.settle(step, final, "s", out)
             needs[step] = set(final)
@@ -311,7 +314,7 @@ def test_random_steps_keep_requests_holds_and_releases_consistent():
         for key in held:  # held only inside its source's current window
             i = key >> SHIFT
             assert (key & MASK) in orders[i].window_span(int(cursors[i]))[2]
-        loaded = {k for k in present if t.loaded(t._rec_of[k])}
+        loaded = {k for k in present if t.loaded(t.record_of(k))}
         assert t.in_memory == len(loaded) == t.count_loaded()
         for step, keys in needs.items():
             assert set(t.chunks_of(step)) == keys and len(t.chunks_of(step)) == len(keys)
