@@ -12,7 +12,10 @@ TP 4 x PP 4 x CP 2) and the long-short text matrix ``text4k``, ``text8k``, ``tex
 modules, play scenes; TP 4 x PP 4, CP 1 at 4k and 8k, 2 at 16k, 4 at 32k, so no GPU holds more
 than 8k tokens of a sequence) and ``video`` (:data:`VIDEO`: the corpus's clips decoded for real,
 8 frames of 378 x 378, beside single images, interleaved documents and text, after
-LLaVA-OneVision's OneVision stage; TP 4 x PP 4 x CP 2 as ``vlm``); all ``llava-ov-7b`` with 2 x PP micro-batches of the context per
+LLaVA-OneVision's OneVision stage; TP 4 x PP 4 x CP 2 as ``vlm``) and ``sources306`` (``vlm``'s
+job on 306 sources, as the reference design's largest set: the real rows of ``vlm``'s five cut
+into disjoint pieces of 4-5 rows, each source's weight split over its pieces by Zipf's law,
+:mod:`benchmarks.e2e_many_sources`); all ``llava-ov-7b`` with 2 x PP micro-batches of the context per
 DP rank, 90% full on average. A regime's figure is at 1,024 GPUs (quick runs too); full runs
 add 4,096 and 8,192 GPUs (``.<gpus>`` suffix) and the interleaved schedule
 (``vlm_interleaved``: 2 model chunks per device, at 1,024 GPUs).
@@ -56,6 +59,7 @@ REGIMES: dict[str, Setup] = {
     "text16k": Setup(weights=TEXT, cp=2, max_tokens=16384),
     "text32k": Setup(weights=TEXT, cp=4, max_tokens=32768),
     "video": Setup(weights=VIDEO),
+    "sources306": Setup(weights=WEIGHTS, pieces=306),
 }
 HEADLINE_GPUS = 1024
 MORE_GPUS = (4096, 8192)
@@ -112,7 +116,7 @@ def _figures(key: str, setup: Setup, runs: list[dict], steps: int) -> dict[str, 
                        for k in ("mdata", *BASELINES))
     base_note = (f"{setup.model.name}, {setup.gpus} GPUs: dp {setup.dp} x tp {setup.tp} x pp "
                  f"{setup.pp} x cp {setup.cp}" + (f", interleaved x{setup.virtual}" if setup.virtual > 1 else "")
-                 + f", layers {'/'.join(map(str, shape['layers']))}, {setup.max_tokens} context, "
+                 + f", {shape['sources']} sources, layers {'/'.join(map(str, shape['layers']))}, {setup.max_tokens} context, "
                  f"{np.mean([r['shape']['tokens_per_step'] for r in runs]) / 1e6:.2f}M tokens/step, "
                  f"micro-batches per rank: {counts}; local_best kept the token packing (mdata's "
                  f"balancer needed more micro-batches) on {sum(r['shape'].get('local_best_fallbacks', 0) for r in runs)} "

@@ -32,12 +32,13 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from benchmarks.e2e_baselines import BASELINES, baseline_steps
 from benchmarks.e2e_control import ControlCost
+from benchmarks.e2e_many_sources import many_sources
 from benchmarks.e2e_model import GPU, MODELS, VLM, Node, PipelineTimes, planner_cost, stage_seconds
 from benchmarks.e2e_pipeline import Fabric, fixed_seconds, layer_split, pipeline_makespan
 from mdata.mesh import ClientPlaceTree
@@ -86,6 +87,9 @@ class Setup:
     #: constructor and from constructor to each receiving rank (a DGX H100's 400 Gb/s in-band
     #: ConnectX-7 port; the compute fabric is left to the collectives)
     nic_bytes_per_s: float = 50e9
+    #: 0: the weighted sources of ``meta`` as they are; ``n``: their rows cut into ``n`` sources
+    #: of their own, each parent's weight split over its pieces (:mod:`benchmarks.e2e_many_sources`)
+    pieces: int = 0
 
     @property
     def dp(self) -> int:
@@ -289,10 +293,13 @@ def simulate(setup: Setup, meta: Mapping[str, SourceMetadata], loader_cost: Mapp
     ``loader_cores``: loader budgets per GPU to sweep besides the node's; for each ``c``,
     ``cores_sweep[c]`` holds every side's step parts and ``ratio`` with ``c`` loader cores per
     GPU on the same draw, plans and pipelines (only the data stalls can differ).
-    Sources of weight 0 are left out.
+    Sources of weight 0 are left out; with ``setup.pieces``, the others are cut into that many in all.
     """
     if not setup.weights:
         raise ValueError("Setup.weights is empty")
+    if setup.pieces:  # both sides then draw from the same pieces, by the pieces' weights
+        meta, loader_cost, weights = many_sources(meta, loader_cost, setup.weights, setup.pieces)
+        setup = replace(setup, weights=weights, pieces=0)
     meta = {n: m for n, m in meta.items() if setup.weights.get(n, 0.0) > 0}
     cost = np.array([loader_cost[n] for n in meta], dtype=np.float64)
     layers = layer_split(setup.model, setup.pp, vit_per_layer(setup, meta))
@@ -312,7 +319,7 @@ def simulate(setup: Setup, meta: Mapping[str, SourceMetadata], loader_cost: Mapp
     ideal = _ideal(setup, planned, layers, fixed)
     out["ratio"] = _ratios(out)
     out["vs_ideal"] = (out["mdata"]["tokens"] / out["mdata"]["step"]) / (ideal["tokens"] / ideal["step"])
-    out["shape"] = {"layers": layers, "fixed_s": fixed, "global_batch": global_batch,
+    out["shape"] = {"layers": layers, "fixed_s": fixed, "global_batch": global_batch, "sources": len(meta),
                     "tokens_per_step": float(np.mean(step_tokens)), **tally,
                     **{f"micro_batches.{k}": out[k]["micro_batches"] for k in ("mdata", *BASELINES)}}
     sweep: dict[float, dict] = {}
