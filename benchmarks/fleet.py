@@ -60,7 +60,12 @@ class RunStats:
 
 
 def _batch_cost(micro_batches: list[dict]) -> float:
-    lengths = np.concatenate([np.diff(mb["cu_seqlens"].numpy()) for mb in micro_batches])
+    """The attention cost of the whole micro-batches a rank takes part in: an mdata rank under
+    context parallelism receives its pieces of every document (``cu_seqlens`` local), and
+    ``cu_seqlens_global`` gives the documents whole, as a baseline CP rank loads them, so both
+    sides are paced on the same work (the pace divides it over the CP group)."""
+    lengths = np.concatenate([np.diff(mb.get("cu_seqlens_global", mb["cu_seqlens"]).numpy())
+                              for mb in micro_batches])
     lengths = lengths[lengths > 0].astype(np.float64)
     return float(COST(lengths, np.zeros_like(lengths)).sum())
 

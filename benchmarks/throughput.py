@@ -15,6 +15,9 @@ transforms through :func:`mdata.sources.load_chunk`) and feed the same ranks
 * ``throughput.trainer_stall_fraction``: each rank sleeps for its batch's
   :class:`~mdata.cost.AttentionCost` times a fixed seconds-per-cost (a forward/backward stand-in)
   and meets the other ranks every step; stall = time blocked on the next batch / rank wall time.
+  The cost is of whole documents on both sides (an mdata rank under CP holds pieces of them and
+  is paced from ``cu_seqlens_global``; until 2026-12-07 it was paced on its pieces, so its
+  trainers ran faster than the baseline's on the same work).
 
 On this 2-core machine every process of both systems shares the same two cores with the
 simulated trainers, so absolute rates are indicative; the ratio is measured within one run.
