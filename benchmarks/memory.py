@@ -35,6 +35,10 @@ the measured two and compares. Figures say which values are projections.
 **Limits the baseline meets**: open file descriptors and memory maps per worker are read from
 ``/proc`` at the end of each baseline run and set against the usual soft limit (``ulimit -n``
 1024), this machine's limits and ``vm.max_map_count``; RAM against a DGX H100 node (8 GPUs, 2 TiB).
+
+**At equal throughput** (``memory.iso_*``, :mod:`benchmarks.memory_iso`): the same comparison with
+each system sized to the smallest configuration that keeps paced trainers fed (stall under 1%),
+the baseline's workers per rank found by measurement, over 5 / 64 / 306 / 1,024 sources.
 """
 
 from __future__ import annotations
@@ -258,6 +262,10 @@ def run(quick: bool) -> dict[str, object]:
             note=(f"projected from 1 rank family {projected['pss_mb']:.0f} MB (all scaled "
                   f"{projected['upper_mb']:.0f} MB) / measured {measured:.0f} MB at "
                   f"{cfg['measured_ranks']} ranks x {cfg['workers']} workers, {cfg['headline_sources']} sources"))
+    # Memory at equal throughput: each system at the smallest configuration feeding the trainers.
+    from benchmarks.memory_iso import iso_figures
+
+    figures.update(iso_figures(quick))
     if base:
         per_node = base / cfg["ranks"] * NODE_GPUS
         figures["memory.baseline_node_mb"] = figure(

@@ -59,7 +59,7 @@ def test_quick_run_reports_end_to_end_figures(tmp_path: Path) -> None:
         product *= figures[f"e2e.breakdown.{part}"]
     assert abs(product - figures["e2e.tokens_per_s.ratio"]) < 1e-6 * product
     # At scale: every baseline in every regime, at equal work, and mdata beside the ideal.
-    for regime in ("vlm", "text4k", "text8k", "text16k", "text32k", "video"):
+    for regime in ("vlm", "text4k", "text8k", "text16k", "text32k", "video", "sources306"):
         for baseline in ("dataloader", "megatron", "local_best", "bridge"):
             assert figures[f"e2e.ratio.{baseline}.{regime}"] > 0
             assert 0.97 < figures[f"e2e.tokens_per_step_ratio.{baseline}.{regime}"] < 1.03

@@ -1,0 +1,203 @@
+"""Loader memory at equal throughput: each system sized to feed the same trainers, then compared.
+
+``benchmarks/memory.py`` compares peak memory at a chosen worker count (4 DataLoader workers per
+rank against 4 mdata loaders), with no throughput either side must deliver. A user sizes a loader
+to the smallest configuration that keeps the GPUs busy, so that is what this module compares:
+
+1. **The trainers' pace.** Every rank sleeps for its batch's :class:`~mdata.cost.AttentionCost`
+   times :func:`seconds_per_cost`: the training FLOPs of a stated model (``MODEL``: a 7B dense
+   transformer, hidden 4096, 32 layers: ``6 x hidden x layers`` FLOPs per cost unit) on a stated
+   GPU (an H100 SXM's 989 TFLOP/s at 40% MFU), the sequence split over the ``cp`` ranks of its
+   group, made ``SLOWDOWN`` times slower on both sides (this 2-core machine cannot load for 16
+   GPUs at an H100's pace; a slower pace needs fewer workers on both sides, which helps the
+   baseline most, since its smallest configuration already has ``ranks`` worker processes).
+2. **The smallest configuration that feeds them.** A warm-up of ``WARM`` steps, then ``STEPS``
+   measured steps; a configuration feeds the trainers when the time ranks spend waiting for data
+   is under ``STALL_GOAL`` (1%) of their wall time. The baseline tries 1, 2, 3, ... DataLoader
+   workers per rank (``BASELINE_WORKERS``), measured with ``measured_ranks`` rank families of
+   one CP group (every CP rank loads its group's samples, as Megatron-LM's CP ranks do); mdata
+   tries 1, 2, 3, ... loader workers (``MDATA_LOADERS``) plus one constructor at the full shape.
+   The first configuration under the goal is the answer. A stall that one more worker does not
+   lower (by a quarter, or 0.2 points) is a floor no configuration removes (a DataLoader rank
+   unpickles every batch its workers send, inside ``next``): the smaller configuration is then
+   the answer, marked as a plateau, so neither side is sized up for what workers cannot fix (this
+   favours the baseline, whose floor it is here). Otherwise the last one tried is reported with
+   its stall, and the figure says the goal was not reached.
+3. **Peak PSS per GPU** of that configuration, counted as :mod:`benchmarks.memory` counts it
+   (:class:`~benchmarks.counting.PeakPss` through warm-up and measured steps; the baseline
+   projected from its measured families to the full shape, shared libraries counted once).
+
+Figures: ``memory.iso_ratio_<sources>`` (the baseline's PSS per GPU over mdata's, both at their
+smallest feeding configuration) and ``memory.iso_workers_per_rank_<sources>`` (what the baseline
+needed), with ``memory.iso_mdata_loaders_<sources>`` and each side's stall in the notes, for
+5 / 64 / 306 / 1,024 sources over the production-shaped corpus (:mod:`benchmarks.workload`).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+
+from benchmarks.counting import PeakPss
+from benchmarks.fleet import BaselineFleet, MdataFleet, RunStats
+from benchmarks.harness import figure
+from benchmarks.workload import production_sources
+
+__all__ = ["MODEL", "SLOWDOWN", "STALL_GOAL", "iso_figures", "seconds_per_cost", "smallest_feeding"]
+
+#: The trainer's model and GPU: a 7B dense transformer on an H100 SXM at 40% MFU.
+MODEL = {"hidden": 4096, "layers": 32}
+GPU_FLOPS, MFU = 989e12, 0.40
+SLOWDOWN = 4.0
+STALL_GOAL = 0.01
+WARM, STEPS = 4, 12
+BASELINE_WORKERS = (1, 2, 3, 4, 6, 8)
+MDATA_LOADERS = (1, 2, 3, 4)
+
+
+def seconds_per_cost(cp: int, slowdown: float = SLOWDOWN) -> float:
+    """Seconds of one GPU per unit of the default :class:`~mdata.cost.AttentionCost` (forward
+    FLOPs over ``2 x hidden x layers`` of a 4096-hidden model): training is 3 forward passes'
+    FLOPs, so a unit is ``6 x hidden x layers`` FLOPs, split over the ``cp`` GPUs of a group."""
+    if cp < 1 or slowdown <= 0:
+        raise ValueError(f"seconds_per_cost needs cp >= 1 and slowdown > 0, got {cp}, {slowdown}")
+    flops = 6.0 * MODEL["hidden"] * MODEL["layers"]
+    return flops / (cp * GPU_FLOPS * MFU) * slowdown
+
+
+def smallest_feeding(candidates, measure: Callable[[int], dict], goal: float = STALL_GOAL) -> dict:
+    """The smallest of ``candidates`` that feeds the trainers, by ``measure(c)["stall"]``.
+
+    The first candidate with a stall under ``goal`` is the answer (``fed``: True). A stall that
+    more workers do not lower (the next candidate removes less than a quarter of it, or less
+    than 0.2 points) is a floor no configuration removes, such as the time a rank spends taking
+    a batch from its workers: then the smaller of the two is the answer (``plateau``: True,
+    ``fed``: False), so neither side is sized up for stall it cannot remove. If neither happens,
+    the last candidate is returned (``fed``: False). ``tried`` lists every (candidate, stall).
+    Pure: ``measure`` runs the fleet."""
+    tried: list[tuple[int, float]] = []
+    before: dict | None = None
+    out: dict = {}
+    for c in candidates:
+        out = {**measure(c), "size": c}
+        tried.append((c, round(float(out["stall"]), 4)))
+        if out["stall"] < goal:
+            return {**out, "tried": tried, "fed": True, "plateau": False}
+        if before is not None and before["stall"] - out["stall"] < max(0.002, 0.25 * before["stall"]):
+            return {**before, "tried": tried, "fed": False, "plateau": True}
+        before = out
+    return {**out, "tried": tried, "fed": False, "plateau": False}
+
+
+def _paced(fleet, cp: int, slowdown: float, steps: tuple[int, int]) -> RunStats:
+    """``steps``: warm-up steps, then measured ones, every rank paced (module docstring)."""
+    pace = seconds_per_cost(cp, slowdown)
+    fleet.run(steps[0], pace)
+    return fleet.run(steps[1], pace)
+
+
+def measure_baseline(num_sources: int, row_group_mb: int, families: int, workers: int, cp: int,
+                     slowdown: float, steps: tuple[int, int] = (WARM, STEPS)) -> dict:
+    """``families`` ranks of one CP group, each with ``workers`` DataLoader workers, paced."""
+    from benchmarks.memory import MAX_TOKENS, MICRO_BATCHES, _weights
+
+    sources = production_sources(num_sources, row_group_mb)
+    with BaselineFleet(sources, _weights(sources), ranks=families, group=families, workers=workers,
+                       max_tokens=MAX_TOKENS, micro_batches=MICRO_BATCHES, reader="stream") as fleet:
+        with PeakPss(fleet.loader_pids, fleet.rank_pids, fleet.bare_pid) as pss:
+            stats = _paced(fleet, cp, slowdown, steps)
+        out = {"pss_mb": pss.peak_mb, **pss.at_peak, "stall": stats.stall_fraction,
+               "measured_ranks": families, "library_mb": pss.library_mb,
+               "samples_per_s": stats.samples / stats.wall_s,
+               "compute_s_per_step": stats.compute_s / (families * steps[1])}
+    _say(f"baseline {families} ranks x {workers} workers, {num_sources} sources", out)
+    return out
+
+
+def measure_mdata(num_sources: int, row_group_mb: int, ranks: int, cp: int, loaders: int,
+                  slowdown: float, steps: tuple[int, int] = (WARM, STEPS)) -> dict:
+    """The full shape: ``ranks`` ranks (dp x cp), ``loaders`` loader workers + 1 constructor."""
+    from benchmarks.memory import _plan
+
+    sources = production_sources(num_sources, row_group_mb)
+    with MdataFleet(sources, _plan(sources, ranks, cp), loader_workers=loaders) as fleet:
+        with PeakPss(fleet.loader_pids, fleet.rank_pids, fleet.bare_pid) as pss:
+            stats = _paced(fleet, cp, slowdown, steps)
+        out = {"pss_mb": pss.peak_mb, **pss.at_peak, "stall": stats.stall_fraction,
+               "samples_per_s": stats.samples / stats.wall_s,
+               "compute_s_per_step": stats.compute_s / (ranks * steps[1])}
+    _say(f"mdata {ranks} ranks, {loaders} loaders, {num_sources} sources", out)
+    return out
+
+
+_BEGAN = time.monotonic()
+
+
+def _say(what: str, out: dict) -> None:
+    print(f"memory iso: {what}: stall {out['stall']:.4f}, peak {out['pss_mb']:.0f} MB, "
+          f"{out['samples_per_s']:.1f} samples/s, compute {out['compute_s_per_step']:.3f} s/step at {time.monotonic() - _BEGAN:.0f} s",
+          file=sys.stderr, flush=True)
+
+
+def _point(cfg: dict, n: int) -> dict[str, object]:
+    from benchmarks.memory import project_baseline
+
+    rg, ranks, cp, slow = cfg["row_group_mb"], cfg["ranks"], cfg["cp"], cfg["slowdown"]
+    families, steps = cfg["measured_ranks"], cfg["steps"]
+    base = smallest_feeding(cfg["baseline_workers"], lambda w: measure_baseline(
+        n, rg, families, w, cp, slow, steps))
+    ours = smallest_feeding(cfg["mdata_loaders"], lambda k: measure_mdata(
+        n, rg, ranks, cp, k, slow, steps))
+    projected = project_baseline(base, ranks)
+    base_gpu, ours_gpu = projected["pss_mb"] / ranks, ours["pss_mb"] / ranks
+    shape = (f"{n} sources, row groups {rg} MiB, {ranks} GPUs (dp {ranks // cp} x cp {cp}); trainers "
+             f"paced at a 7B model on an H100 at 40% MFU, {slow:g}x slower here; fed = stall under "
+             f"{STALL_GOAL:.0%} over {steps[1]} steps after {steps[0]}")
+    def fed(found: dict) -> str:
+        if found["fed"]:
+            return "fed"
+        return ("a stall floor more workers did not lower" if found["plateau"]
+                else "NOT fed: the most tried")
+
+    return {
+        f"memory.iso_ratio_{n}": figure(
+            base_gpu / ours_gpu if ours_gpu > 0 else None, goal=">= 13.5" if n == 306 else "report",
+            note=(f"baseline PSS per GPU (projected from {families} measured rank families) over "
+                  f"mdata's, each at its smallest configuration feeding the trainers; baseline "
+                  f"{base['size']} workers/rank ({fed(base)}; stall by workers {base['tried']}), "
+                  f"{base_gpu:.0f} MB/GPU; mdata {ours['size']} loaders + 1 constructor "
+                  f"({fed(ours)}; stall by loaders {ours['tried']}), {ours_gpu:.0f} MB/GPU; {shape}")),
+        f"memory.iso_workers_per_rank_{n}": figure(
+            base["size"], unit="workers",
+            note=f"DataLoader workers per rank the baseline needed (stall by workers {base['tried']}); {shape}"),
+        f"memory.iso_mdata_loaders_{n}": figure(
+            ours["size"], unit="loaders", note=f"mdata loader workers needed (+1 constructor); {shape}"),
+        f"memory.iso_pss_mb_per_gpu_{n}": figure(ours_gpu, base_gpu, unit="MB", note=shape),
+    }
+
+
+def _config(quick: bool) -> dict:
+    if quick:
+        return dict(ranks=4, cp=2, row_group_mb=32, sources=(5,), measured_ranks=2,
+                    baseline_workers=(1, 2), mdata_loaders=(1, 2), slowdown=SLOWDOWN, steps=(2, 6))
+    return dict(ranks=16, cp=4, row_group_mb=64, sources=(5, 64, 306, 1024), measured_ranks=2,
+                baseline_workers=BASELINE_WORKERS, mdata_loaders=MDATA_LOADERS, slowdown=SLOWDOWN,
+                steps=(WARM, STEPS))
+
+
+def iso_figures(quick: bool) -> dict[str, object]:
+    """Every ``memory.iso_*`` figure (see the module docstring)."""
+    cfg = _config(quick)
+    out: dict[str, object] = {}
+    for n in cfg["sources"]:
+        out.update(_point(cfg, n))
+    return out
+
+
+if __name__ == "__main__":  # some points, for a look: python -m benchmarks.memory_iso 5 306
+    import json
+
+    full = _config(False)
+    picked = tuple(int(a) for a in sys.argv[1:]) or (5,)
+    print(json.dumps({k: v for n in picked for k, v in _point(full, n).items()}, indent=1, default=str))

@@ -1,0 +1,70 @@
+"""Memory at equal throughput (``benchmarks/memory_iso.py``): the trainers' pace and the search
+for each system's smallest feeding configuration, without processes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from benchmarks.fleet import _batch_cost
+from benchmarks.memory_iso import smallest_feeding, seconds_per_cost
+from mdata.cost import AttentionCost
+
+
+def test_pace_is_a_7b_model_on_an_h100_split_over_the_cp_group() -> None:
+    flops_per_unit = 6 * 4096 * 32  # training = 3 forward passes; a unit is 2 x hidden x layers
+    assert seconds_per_cost(1, slowdown=1.0) == pytest.approx(flops_per_unit / (989e12 * 0.4))
+    assert seconds_per_cost(4, slowdown=1.0) == pytest.approx(seconds_per_cost(1, slowdown=1.0) / 4)
+    assert seconds_per_cost(2, slowdown=3.0) == pytest.approx(3 * seconds_per_cost(2, slowdown=1.0))
+    # a 4k-token document: 6 x params x tokens (12 x 4096^2 x 32 = 6.4B weights in the layers)
+    # plus the attention term, about 0.43 s of one H100 at 40% MFU
+    doc = float(AttentionCost()(np.array([4096.0]), np.zeros(1))[0])
+    dense = 6 * 12 * 4096**2 * 32 * 4096 / (989e12 * 0.4)
+    assert dense < doc * seconds_per_cost(1, slowdown=1.0) < 1.1 * dense
+    with pytest.raises(ValueError):
+        seconds_per_cost(0)
+
+
+def test_smallest_feeding_takes_the_first_size_under_the_goal() -> None:
+    stalls = {1: 0.3, 2: 0.02, 3: 0.004, 4: 0.0}
+    asked: list[int] = []
+
+    def measure(size: int) -> dict:
+        asked.append(size)
+        return {"stall": stalls[size], "pss_mb": 100.0 * size}
+
+    found = smallest_feeding((1, 2, 3, 4), measure, goal=0.01)
+    assert (found["size"], found["fed"], found["pss_mb"]) == (3, True, 300.0)
+    assert found["tried"] == [(1, 0.3), (2, 0.02), (3, 0.004)]
+    assert asked == [1, 2, 3]  # no larger configuration is started once one feeds
+
+
+def test_smallest_feeding_says_when_nothing_tried_feeds() -> None:
+    found = smallest_feeding((1, 2), lambda size: {"stall": 0.5 / size}, goal=0.01)
+    assert (found["size"], found["fed"], found["plateau"]) == (2, False, False)
+    assert [s for s, _ in found["tried"]] == [1, 2]
+
+
+def test_a_stall_more_workers_do_not_lower_is_a_floor_not_a_reason_to_grow() -> None:
+    """A rank that spends 1.3% of its step taking batches from its workers stalls as much with
+    2 workers: the smaller configuration is the answer, marked as a plateau."""
+    stalls = {1: 0.013, 2: 0.0118, 3: 0.0}
+    found = smallest_feeding((1, 2, 3), lambda size: {"stall": stalls[size], "pss_mb": size}, goal=0.01)
+    assert (found["size"], found["fed"], found["plateau"], found["pss_mb"]) == (1, False, True, 1)
+    assert [s for s, _ in found["tried"]] == [1, 2]
+    # a stall that more workers do lower keeps the search going
+    falling = {1: 0.2, 2: 0.1, 3: 0.005}
+    found = smallest_feeding((1, 2, 3), lambda size: {"stall": falling[size]}, goal=0.01)
+    assert (found["size"], found["fed"], found["plateau"]) == (3, True, False)
+
+
+def test_a_cp_rank_is_paced_on_its_whole_documents() -> None:
+    """An mdata rank under CP holds pieces of each document (local ``cu_seqlens``); its pace
+    comes from the whole documents (``cu_seqlens_global``), as a baseline CP rank loads them."""
+    whole = {"cu_seqlens": torch.tensor([0, 1000, 3000, 3000], dtype=torch.int32)}
+    piece = {"cu_seqlens": torch.tensor([0, 250, 750, 750], dtype=torch.int32),
+             "cu_seqlens_global": whole["cu_seqlens"]}
+    assert _batch_cost([piece]) == pytest.approx(_batch_cost([whole]))
+    expected = float(AttentionCost()(np.array([1000.0, 2000.0]), np.zeros(2)).sum())
+    assert _batch_cost([whole]) == pytest.approx(expected)
