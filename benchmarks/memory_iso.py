@@ -11,18 +11,24 @@ to the smallest configuration that keeps the GPUs busy, so that is what this mod
    group, made ``SLOWDOWN`` times slower on both sides (this 2-core machine cannot load for 16
    GPUs at an H100's pace; a slower pace needs fewer workers on both sides, which helps the
    baseline most, since its smallest configuration already has ``ranks`` worker processes).
-2. **The smallest configuration that feeds them.** A warm-up of ``WARM`` steps, then ``STEPS``
-   measured steps; a configuration feeds the trainers when the time ranks spend waiting for data
-   is under ``STALL_GOAL`` (1%) of their wall time. The baseline tries 1, 2, 3, ... DataLoader
-   workers per rank (``BASELINE_WORKERS``), measured with ``measured_ranks`` rank families of
-   one CP group (every CP rank loads its group's samples, as Megatron-LM's CP ranks do); mdata
-   tries 1, 2, 3, ... loader workers (``MDATA_LOADERS``) plus one constructor at the full shape.
-   The first configuration under the goal is the answer. A stall that one more worker does not
-   lower (by a quarter, or 0.2 points) is a floor no configuration removes (a DataLoader rank
-   unpickles every batch its workers send, inside ``next``): the smaller configuration is then
-   the answer, marked as a plateau, so neither side is sized up for what workers cannot fix (this
-   favours the baseline, whose floor it is here). Otherwise the last one tried is reported with
-   its stall, and the figure says the goal was not reached.
+2. **The smallest configuration that feeds them**, in steady state. A loader that mixes ``n``
+   sources keeps a stream (an open file, a read buffer, a decoded batch) per source in every
+   process that draws from it, and fills it on first use: a cold start spends its first minutes
+   filling them. So each run first draws unpaced until every loader process has drawn from
+   every source once in expectation (:func:`primed_samples`: per DataLoader worker on the
+   baseline's side, per job on mdata's, whose sources each live on one loader), then paces
+   ``WARM`` steps and measures ``STEPS``. A configuration feeds the trainers when the time
+   ranks spend waiting for data is under ``STALL_GOAL`` (1%) of their wall time. The baseline
+   tries 1, 2, 3, ... DataLoader workers per rank (``BASELINE_WORKERS``), measured with
+   ``measured_ranks`` rank families of one CP group (every CP rank loads its group's samples,
+   as Megatron-LM's CP ranks do); mdata tries 1, 2, 3, ... loader workers (``MDATA_LOADERS``)
+   plus one constructor at the full shape. The first configuration under the goal is the
+   answer. A small stall (under 5%) that one more worker does not lower (by a quarter, or 0.2
+   points) is a floor no configuration removes (a DataLoader rank unpickles every batch its
+   workers send, inside ``next``): the smaller configuration is then the answer, marked as a
+   plateau, so neither side is sized up for what workers cannot fix (this favours the
+   baseline, whose floor it is here). Otherwise the last one tried is reported with its stall,
+   and the figure says the goal was not reached.
 3. **Peak PSS per GPU** of that configuration, counted as :mod:`benchmarks.memory` counts it
    (:class:`~benchmarks.counting.PeakPss` through warm-up and measured steps; the baseline
    projected from its measured families to the full shape, shared libraries counted once).
@@ -37,6 +43,8 @@ from __future__ import annotations
 
 import sys
 import time
+
+import numpy as np
 from collections.abc import Callable
 
 from benchmarks.counting import PeakPss
@@ -44,7 +52,8 @@ from benchmarks.fleet import BaselineFleet, MdataFleet, RunStats
 from benchmarks.harness import figure
 from benchmarks.workload import production_sources
 
-__all__ = ["MODEL", "SLOWDOWN", "STALL_GOAL", "iso_figures", "seconds_per_cost", "smallest_feeding"]
+__all__ = ["MODEL", "SLOWDOWN", "STALL_GOAL", "iso_figures", "primed_samples", "seconds_per_cost",
+           "smallest_feeding"]
 
 #: The trainer's model and GPU: a 7B dense transformer on an H100 SXM at 40% MFU.
 MODEL = {"hidden": 4096, "layers": 32}
@@ -52,6 +61,10 @@ GPU_FLOPS, MFU = 989e12, 0.40
 SLOWDOWN = 4.0
 STALL_GOAL = 0.01
 WARM, STEPS = 4, 12
+WARM_CHUNK = 8  # unpaced steps per priming round
+PRIME_DEADLINE_S = 900.0
+FLOOR_UP_TO = 5.0  # a stall floor is small: a larger stall that one more worker barely lowers is
+# a configuration far from fed, which the search keeps growing
 BASELINE_WORKERS = (1, 2, 3, 4, 6, 8)
 MDATA_LOADERS = (1, 2, 3, 4)
 
@@ -69,9 +82,9 @@ def seconds_per_cost(cp: int, slowdown: float = SLOWDOWN) -> float:
 def smallest_feeding(candidates, measure: Callable[[int], dict], goal: float = STALL_GOAL) -> dict:
     """The smallest of ``candidates`` that feeds the trainers, by ``measure(c)["stall"]``.
 
-    The first candidate with a stall under ``goal`` is the answer (``fed``: True). A stall that
-    more workers do not lower (the next candidate removes less than a quarter of it, or less
-    than 0.2 points) is a floor no configuration removes, such as the time a rank spends taking
+    The first candidate with a stall under ``goal`` is the answer (``fed``: True). A small stall
+    (under ``FLOOR_UP_TO`` x ``goal``) that more workers do not lower (the next candidate removes
+    less than a quarter of it, or less than 0.2 points) is a floor no configuration removes, such as the time a rank spends taking
     a batch from its workers: then the smaller of the two is the answer (``plateau``: True,
     ``fed``: False), so neither side is sized up for stall it cannot remove. If neither happens,
     the last candidate is returned (``fed``: False). ``tried`` lists every (candidate, stall).
@@ -84,14 +97,34 @@ def smallest_feeding(candidates, measure: Callable[[int], dict], goal: float = S
         tried.append((c, round(float(out["stall"]), 4)))
         if out["stall"] < goal:
             return {**out, "tried": tried, "fed": True, "plateau": False}
-        if before is not None and before["stall"] - out["stall"] < max(0.002, 0.25 * before["stall"]):
+        if (before is not None and before["stall"] < FLOOR_UP_TO * goal
+                and before["stall"] - out["stall"] < max(0.002, 0.25 * before["stall"])):
             return {**before, "tried": tried, "fed": False, "plateau": True}
         before = out
     return {**out, "tried": tried, "fed": False, "plateau": False}
 
 
-def _paced(fleet, cp: int, slowdown: float, steps: tuple[int, int]) -> RunStats:
-    """``steps``: warm-up steps, then measured ones, every rank paced (module docstring)."""
+def primed_samples(num_sources: int) -> int:
+    """Samples one loader process must draw, with equal weights, before it has drawn from every
+    source once in expectation (the coupon collector: ``n (ln n + 1)``, rounded up): a loader in
+    steady state holds a stream or buffer for every source it mixes, which a short run from a
+    cold start never reaches."""
+    n = int(num_sources)
+    if n < 1:
+        raise ValueError(f"primed_samples needs at least one source, got {n}")
+    return int(np.ceil(n * (np.log(n) + 1.0)))
+
+
+def _warm_then_paced(fleet, cp: int, slowdown: float, steps: tuple[int, int], warm_samples: int,
+                     deadline_s: float) -> RunStats:
+    """Unpaced steps until the fleet delivered ``warm_samples`` distinct samples (every loader
+    process primed: :func:`primed_samples`), then ``steps[0]`` paced warm-up steps and
+    ``steps[1]`` measured ones (module docstring). Priming that outlasts ``deadline_s`` fails."""
+    began, seen = time.monotonic(), 0
+    while seen < warm_samples:
+        seen += fleet.run(WARM_CHUNK).samples
+        if time.monotonic() - began > deadline_s:
+            raise TimeoutError(f"priming took over {deadline_s:.0f} s ({seen} of {warm_samples} samples)")
     pace = seconds_per_cost(cp, slowdown)
     fleet.run(steps[0], pace)
     return fleet.run(steps[1], pace)
@@ -106,7 +139,9 @@ def measure_baseline(num_sources: int, row_group_mb: int, families: int, workers
     with BaselineFleet(sources, _weights(sources), ranks=families, group=families, workers=workers,
                        max_tokens=MAX_TOKENS, micro_batches=MICRO_BATCHES, reader="stream") as fleet:
         with PeakPss(fleet.loader_pids, fleet.rank_pids, fleet.bare_pid) as pss:
-            stats = _paced(fleet, cp, slowdown, steps)
+            # every worker of a rank draws its own share of the group's samples
+            stats = _warm_then_paced(fleet, cp, slowdown, steps, workers * primed_samples(num_sources),
+                                     PRIME_DEADLINE_S)
         out = {"pss_mb": pss.peak_mb, **pss.at_peak, "stall": stats.stall_fraction,
                "measured_ranks": families, "library_mb": pss.library_mb,
                "samples_per_s": stats.samples / stats.wall_s,
@@ -123,7 +158,9 @@ def measure_mdata(num_sources: int, row_group_mb: int, ranks: int, cp: int, load
     sources = production_sources(num_sources, row_group_mb)
     with MdataFleet(sources, _plan(sources, ranks, cp), loader_workers=loaders) as fleet:
         with PeakPss(fleet.loader_pids, fleet.rank_pids, fleet.bare_pid) as pss:
-            stats = _paced(fleet, cp, slowdown, steps)
+            # a source's samples all go to its one loader: the job's draw primes every loader
+            stats = _warm_then_paced(fleet, cp, slowdown, steps, primed_samples(num_sources),
+                                     PRIME_DEADLINE_S)
         out = {"pss_mb": pss.peak_mb, **pss.at_peak, "stall": stats.stall_fraction,
                "samples_per_s": stats.samples / stats.wall_s,
                "compute_s_per_step": stats.compute_s / (ranks * steps[1])}

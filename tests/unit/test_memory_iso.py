@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from benchmarks.fleet import _batch_cost
-from benchmarks.memory_iso import smallest_feeding, seconds_per_cost
+from benchmarks.memory_iso import primed_samples, seconds_per_cost, smallest_feeding
 from mdata.cost import AttentionCost
 
 
@@ -57,6 +57,22 @@ def test_a_stall_more_workers_do_not_lower_is_a_floor_not_a_reason_to_grow() -> 
     falling = {1: 0.2, 2: 0.1, 3: 0.005}
     found = smallest_feeding((1, 2, 3), lambda size: {"stall": falling[size]}, goal=0.01)
     assert (found["size"], found["fed"], found["plateau"]) == (3, True, False)
+    # so does a large stall one more worker barely lowers: far from fed, not a floor
+    starved = {1: 0.72, 2: 0.68, 3: 0.3, 4: 0.004}
+    found = smallest_feeding((1, 2, 3, 4), lambda size: {"stall": starved[size]}, goal=0.01)
+    assert (found["size"], found["fed"], found["plateau"]) == (4, True, False)
+
+
+def test_a_loader_is_primed_once_it_drew_from_every_source_in_expectation() -> None:
+    assert primed_samples(1) == 1
+    assert primed_samples(64) == 331  # 64 x (ln 64 + 1) = 330.2
+    assert primed_samples(306) == int(np.ceil(306 * (np.log(306) + 1)))
+    # the coupon collector's expectation: n x H(n) <= n (ln n + 1)
+    for n in (5, 64, 306, 1024):
+        harmonic = n * sum(1.0 / k for k in range(1, n + 1))
+        assert harmonic <= primed_samples(n) <= harmonic + n
+    with pytest.raises(ValueError):
+        primed_samples(0)
 
 
 def test_a_cp_rank_is_paced_on_its_whole_documents() -> None:
