@@ -10,6 +10,12 @@ stream reads the way pyarrow streams best:
   coalesced pre-buffering of the row group;
 * ``iter_batches(batch_size=chunk_rows, row_groups=[g], columns=fields, use_threads=False)``:
   only the declared columns, ``chunk_rows`` rows decoded at a time, one row group after the other;
+* a source whose transform makes images keeps the batch's rows as stored (JPEG bytes) in a
+  seeded random order and decodes a row only when it is drawn: a worker that mixes hundreds of
+  sources keeps one stream per source, and a batch of 32 photos decoded to pixels at native
+  resolution would hold tens of MB per source in every worker. Text is transformed a batch at a
+  time (its tokens take about the room of its text, and tokenizing row by row costs up to 10x
+  the CPU for short rows);
 * Arrow's pool hands freed pages back after every batch (``release_unused``), as mdata's reader does;
 * the stream's unit of work is one row group: ``(shard, row group)`` units are permuted per epoch
   (seeded) and dealt round-robin over the ``R x W`` streams of a DP group, as sharded streaming
@@ -71,6 +77,9 @@ class StreamingSourceStream(SourceStream):
         self._file = None
         self._row = 0
         self._unit: tuple[int, str, int, int] | None = None
+        #: the current batch as stored: shard, path, rows, columns, and the rows not drawn yet
+        #: (popped from the end: a seeded permutation)
+        self._raw: tuple[int, str, np.ndarray, dict[str, list], list[int]] | None = None
 
     def open(self) -> None:
         """List the source, read its footers and open the first row group's stream."""
@@ -130,4 +139,22 @@ class StreamingSourceStream(SourceStream):
         import pyarrow as pa
 
         pa.default_memory_pool().release_unused()
-        self._fill(transform_columns(self.source, shard, path, rows, columns))
+        if not self.source.transform.produces_images:
+            self._fill(transform_columns(self.source, shard, path, rows, columns))
+            return
+        order = self._rng.permutation(len(rows))
+        self._raw = (shard, path, rows, columns, [int(i) for i in order[::-1]])
+
+    def next(self):
+        """The next sample: a text batch's next, or an image row decoded now (a row the
+        transform drops is skipped)."""
+        while True:
+            if self._buffer:
+                return self._buffer.pop()
+            if self._raw is None or not self._raw[4]:
+                self._refill()
+                continue
+            shard, path, rows, columns, left = self._raw
+            i = left.pop()
+            self._fill(transform_columns(self.source, shard, path, rows[i:i + 1],
+                                         {name: values[i:i + 1] for name, values in columns.items()}))
