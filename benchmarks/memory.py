@@ -47,36 +47,18 @@ import resource
 import sys
 import time
 
-from benchmarks.baseline import IMAGE_TOKEN_ID
 from benchmarks.counting import PeakPss
 from benchmarks.fleet import BaselineFleet, MdataFleet
 from benchmarks.harness import figure
+from benchmarks.memory_shape import (LIMIT_MB, MAX_TOKENS, MICRO_BATCHES, plan_for,
+                                     project_baseline, weights_of)
 from benchmarks.workload import production_sources
-from mdata.cost import AttentionCost
-from mdata.mesh import ClientPlaceTree
-from mdata.plan import Plan
 
 __all__ = ["LIMIT_MB", "measure_baseline", "measure_mdata", "project_baseline", "run"]
 
-LIMIT_MB = 10 * 1024  # no single measured fleet may project above this (the machine is shared)
-MAX_TOKENS = 4096
-MICRO_BATCHES = 2
 STEPS = 8  # delivered steps per rank, the same on both sides
 LOADER_WORKERS = 4
 NODE_GPUS, NODE_RAM_MB = 8, 2 * 1024 * 1024  # DGX H100: 8 GPUs, 2 TiB
-
-
-def _weights(sources) -> dict[str, float]:
-    return {s.name: 1.0 for s in sources}
-
-
-def _plan(sources, ranks: int, cp: int):
-    dp = ranks // cp
-    return (Plan(sources).mix(_weights(sources)).cost(AttentionCost())
-            .balance(micro_batches=MICRO_BATCHES, max_tokens=MAX_TOKENS, global_batch=dp * 8)
-            .distribute(ClientPlaceTree(dp=dp, cp=cp)).seed(0)
-            .special_tokens(image_token_id=IMAGE_TOKEN_ID))
-
 
 _BEGAN = time.monotonic()
 
@@ -104,7 +86,7 @@ def _limits_of(pids) -> dict[str, float]:
 def measure_baseline(num_sources: int, row_group_mb: int, ranks: int, workers: int) -> dict[str, float]:
     """Peak PSS the baseline adds with ``ranks`` x ``workers``, and its workers' fds and maps."""
     sources = production_sources(num_sources, row_group_mb)
-    with BaselineFleet(sources, _weights(sources), ranks=ranks, group=1, workers=workers,
+    with BaselineFleet(sources, weights_of(sources), ranks=ranks, group=1, workers=workers,
                        max_tokens=MAX_TOKENS, micro_batches=MICRO_BATCHES, reader="stream") as fleet:
         with PeakPss(fleet.loader_pids, fleet.rank_pids, fleet.bare_pid) as pss:
             fleet.run(STEPS)
@@ -117,24 +99,12 @@ def measure_baseline(num_sources: int, row_group_mb: int, ranks: int, workers: i
 def measure_mdata(num_sources: int, row_group_mb: int, ranks: int, cp: int) -> dict[str, float]:
     """Peak PSS mdata adds: cluster host, Dask workers, and every rank's client and Loader."""
     sources = production_sources(num_sources, row_group_mb)
-    with MdataFleet(sources, _plan(sources, ranks, cp), loader_workers=LOADER_WORKERS) as fleet:
+    with MdataFleet(sources, plan_for(sources, ranks, cp), loader_workers=LOADER_WORKERS) as fleet:
         with PeakPss(fleet.loader_pids, fleet.rank_pids, fleet.bare_pid) as pss:
             fleet.run(STEPS)
         out = {"pss_mb": pss.peak_mb, **pss.at_peak, "samples": pss.samples}
     _progress(f"mdata {ranks} ranks, {num_sources} sources, rg {row_group_mb}", out)
     return out
-
-
-def project_baseline(measured: dict, ranks: int) -> dict[str, float]:
-    """The baseline at ``ranks`` from a fleet of ``measured["measured_ranks"]`` rank families of the
-    same shape: everything scales with the families except shared-library pages (``.so`` files,
-    the interpreter), which every further family would share and which are counted once. The
-    upper bound scales everything."""
-    scale = ranks / measured["measured_ranks"]
-    library = measured["library_mb"]
-    return {"pss_mb": scale * (measured["pss_mb"] - library) + library,
-            "upper_mb": scale * measured["pss_mb"],
-            "per_family_mb": measured["pss_mb"] / measured["measured_ranks"]}
 
 
 def _median_run(measure, repeats: int) -> dict:

@@ -43,13 +43,15 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 
 import numpy as np
-from collections.abc import Callable
 
 from benchmarks.counting import PeakPss
 from benchmarks.fleet import BaselineFleet, MdataFleet, RunStats
 from benchmarks.harness import figure
+from benchmarks.memory_shape import (LIMIT_MB, MAX_TOKENS, MICRO_BATCHES, plan_for,
+                                     project_baseline, weights_of)
 from benchmarks.workload import production_sources
 
 __all__ = ["MODEL", "SLOWDOWN", "STALL_GOAL", "iso_figures", "primed_samples", "seconds_per_cost",
@@ -133,10 +135,8 @@ def _warm_then_paced(fleet, cp: int, slowdown: float, steps: tuple[int, int], wa
 def measure_baseline(num_sources: int, row_group_mb: int, families: int, workers: int, cp: int,
                      slowdown: float, steps: tuple[int, int] = (WARM, STEPS)) -> dict:
     """``families`` ranks of one CP group, each with ``workers`` DataLoader workers, paced."""
-    from benchmarks.memory import MAX_TOKENS, MICRO_BATCHES, _weights
-
     sources = production_sources(num_sources, row_group_mb)
-    with BaselineFleet(sources, _weights(sources), ranks=families, group=families, workers=workers,
+    with BaselineFleet(sources, weights_of(sources), ranks=families, group=families, workers=workers,
                        max_tokens=MAX_TOKENS, micro_batches=MICRO_BATCHES, reader="stream") as fleet:
         with PeakPss(fleet.loader_pids, fleet.rank_pids, fleet.bare_pid) as pss:
             # every worker of a rank draws its own share of the group's samples
@@ -153,10 +153,8 @@ def measure_baseline(num_sources: int, row_group_mb: int, families: int, workers
 def measure_mdata(num_sources: int, row_group_mb: int, ranks: int, cp: int, loaders: int,
                   slowdown: float, steps: tuple[int, int] = (WARM, STEPS)) -> dict:
     """The full shape: ``ranks`` ranks (dp x cp), ``loaders`` loader workers + 1 constructor."""
-    from benchmarks.memory import _plan
-
     sources = production_sources(num_sources, row_group_mb)
-    with MdataFleet(sources, _plan(sources, ranks, cp), loader_workers=loaders) as fleet:
+    with MdataFleet(sources, plan_for(sources, ranks, cp), loader_workers=loaders) as fleet:
         with PeakPss(fleet.loader_pids, fleet.rank_pids, fleet.bare_pid) as pss:
             # a source's samples all go to its one loader: the job's draw primes every loader
             stats = _warm_then_paced(fleet, cp, slowdown, steps, primed_samples(num_sources),
@@ -177,41 +175,87 @@ def _say(what: str, out: dict) -> None:
           file=sys.stderr, flush=True)
 
 
-def _point(cfg: dict, n: int) -> dict[str, object]:
-    from benchmarks.memory import project_baseline
+class _Budget:
+    """How many baseline rank families fit this machine's budget (``LIMIT_MB``) at a point, from
+    the most memory per worker per source measured so far (a worker's steady state grows with
+    the sources it streams): the configured number, 1, or 0 (the point is not measured)."""
 
+    def __init__(self, limit_mb: float) -> None:
+        self.limit_mb = limit_mb
+        self.per_worker_source_mb = 0.0
+
+    def families(self, wanted: int, sources: int, workers: int) -> int:
+        guess = self.per_worker_source_mb * sources * workers
+        for families in range(wanted, 0, -1):
+            if guess * families + 500 <= self.limit_mb:
+                return families
+        return 0
+
+    def learn(self, measured: dict, sources: int, workers: int) -> None:
+        per = measured["pss_mb"] / measured["measured_ranks"] / workers / sources
+        self.per_worker_source_mb = max(self.per_worker_source_mb, per)
+
+
+def _point(cfg: dict, n: int, budget: _Budget) -> dict[str, object]:
     rg, ranks, cp, slow = cfg["row_group_mb"], cfg["ranks"], cfg["cp"], cfg["slowdown"]
-    families, steps = cfg["measured_ranks"], cfg["steps"]
-    base = smallest_feeding(cfg["baseline_workers"], lambda w: measure_baseline(
-        n, rg, families, w, cp, slow, steps))
+    steps = cfg["steps"]
+
+    def baseline(workers: int) -> dict:
+        families = budget.families(cfg["measured_ranks"], n, workers)
+        if families == 0:
+            raise _OverBudget(f"{workers} workers per rank at {n} sources would exceed this "
+                              f"machine's {budget.limit_mb / 1024:.0f} GiB budget")
+        out = measure_baseline(n, rg, families, workers, cp, slow, steps)
+        budget.learn(out, n, workers)
+        return out
+
+    try:
+        base = smallest_feeding(cfg["baseline_workers"], baseline)
+    except _OverBudget as exc:
+        base = {"error": str(exc)}
     ours = smallest_feeding(cfg["mdata_loaders"], lambda k: measure_mdata(
         n, rg, ranks, cp, k, slow, steps))
-    projected = project_baseline(base, ranks)
-    base_gpu, ours_gpu = projected["pss_mb"] / ranks, ours["pss_mb"] / ranks
+    ours_gpu = ours["pss_mb"] / ranks
     shape = (f"{n} sources, row groups {rg} MiB, {ranks} GPUs (dp {ranks // cp} x cp {cp}); trainers "
              f"paced at a 7B model on an H100 at 40% MFU, {slow:g}x slower here; fed = stall under "
-             f"{STALL_GOAL:.0%} over {steps[1]} steps after {steps[0]}")
+             f"{STALL_GOAL:.0%} over {steps[1]} steps after {steps[0]}, every loader process primed")
+
     def fed(found: dict) -> str:
         if found["fed"]:
             return "fed"
         return ("a stall floor more workers did not lower" if found["plateau"]
                 else "NOT fed: the most tried")
 
-    return {
+    mdata_note = (f"mdata {ours['size']} loaders + 1 constructor ({fed(ours)}; stall by loaders "
+                  f"{ours['tried']}), {ours_gpu:.0f} MB/GPU")
+    out: dict[str, object] = {
+        f"memory.iso_mdata_loaders_{n}": figure(
+            ours["size"], unit="loaders", note=f"mdata loader workers needed (+1 constructor); {shape}"),
+    }
+    if "error" in base:
+        note = f"baseline not measured: {base['error']}; {mdata_note}; {shape}"
+        out[f"memory.iso_ratio_{n}"] = figure(None, goal=">= 13.5" if n == 306 else "report", note=note)
+        out[f"memory.iso_pss_mb_per_gpu_{n}"] = figure(ours_gpu, None, unit="MB", note=note)
+        return out
+    projected = project_baseline(base, ranks)
+    base_gpu = projected["pss_mb"] / ranks
+    out.update({
         f"memory.iso_ratio_{n}": figure(
             base_gpu / ours_gpu if ours_gpu > 0 else None, goal=">= 13.5" if n == 306 else "report",
-            note=(f"baseline PSS per GPU (projected from {families} measured rank families) over "
-                  f"mdata's, each at its smallest configuration feeding the trainers; baseline "
-                  f"{base['size']} workers/rank ({fed(base)}; stall by workers {base['tried']}), "
-                  f"{base_gpu:.0f} MB/GPU; mdata {ours['size']} loaders + 1 constructor "
-                  f"({fed(ours)}; stall by loaders {ours['tried']}), {ours_gpu:.0f} MB/GPU; {shape}")),
+            note=(f"baseline PSS per GPU (projected from {base['measured_ranks']} measured rank "
+                  f"families) over mdata's, each at its smallest configuration feeding the "
+                  f"trainers; baseline {base['size']} workers/rank ({fed(base)}; stall by workers "
+                  f"{base['tried']}), {base_gpu:.0f} MB/GPU; {mdata_note}; {shape}")),
         f"memory.iso_workers_per_rank_{n}": figure(
             base["size"], unit="workers",
             note=f"DataLoader workers per rank the baseline needed (stall by workers {base['tried']}); {shape}"),
-        f"memory.iso_mdata_loaders_{n}": figure(
-            ours["size"], unit="loaders", note=f"mdata loader workers needed (+1 constructor); {shape}"),
         f"memory.iso_pss_mb_per_gpu_{n}": figure(ours_gpu, base_gpu, unit="MB", note=shape),
-    }
+    })
+    return out
+
+
+class _OverBudget(Exception):
+    """A baseline configuration this machine cannot hold (see :class:`_Budget`)."""
 
 
 def _config(quick: bool) -> dict:
@@ -227,8 +271,9 @@ def iso_figures(quick: bool) -> dict[str, object]:
     """Every ``memory.iso_*`` figure (see the module docstring)."""
     cfg = _config(quick)
     out: dict[str, object] = {}
+    budget = _Budget(LIMIT_MB)
     for n in cfg["sources"]:
-        out.update(_point(cfg, n))
+        out.update(_point(cfg, n, budget))
     return out
 
 
@@ -237,4 +282,6 @@ if __name__ == "__main__":  # some points, for a look: python -m benchmarks.memo
 
     full = _config(False)
     picked = tuple(int(a) for a in sys.argv[1:]) or (5,)
-    print(json.dumps({k: v for n in picked for k, v in _point(full, n).items()}, indent=1, default=str))
+    budget = _Budget(LIMIT_MB)
+    print(json.dumps({k: v for n in picked for k, v in _point(full, n, budget).items()},
+                     indent=1, default=str))
