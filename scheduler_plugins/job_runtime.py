@@ -574,7 +574,7 @@ class JobRuntime:
         step = None if req.checkpoint is None else int(req.checkpoint["step"])
         options = ps.ResumeOptions(req.accept_appended_shards, req.allow_mixture_change)
         async with self.lock:
-            last = self.consumed_steps.get(req.rank)
+            last = self.consumed_steps.get(self.progress_rank(req.rank))
             att = self.roster.decide(req.rank, holder, checkpoint_step=step, is_live=self._is_live,
                                      next_step=None if last is None else last + 1)
             # the checkpoint is checked (and the rewound state built) before the roster moves on:
@@ -590,6 +590,13 @@ class JobRuntime:
                     req.rank, holder.describe(), att.generation, att.start_step,
                     ", rewound" if att.rewind else "")
         return AttachReply(att.generation, att.start_step, identity.job_data())
+
+    def progress_rank(self, rank: int) -> int:
+        """The rank whose consumption tells how far ``rank`` trained: itself, or for a rank fed
+        by broadcast (which tells none: the Planner does not wait for it) the rank it gets its
+        batch from, whose training loop it follows step by step."""
+        source = self.plan.mesh.broadcast_source(rank, self.plan.broadcast)
+        return rank if source is None else source
 
     async def rewind_for_driver(self, checkpoint: dict,
                                 options: "ps.ResumeOptions | None" = None) -> None:

@@ -8,6 +8,9 @@ pushes each step's locations to one client per host. When the agent is lost
 (:class:`~mdata.trainer.agent_client.AgentLost`), the call goes to a real hub made on the rank's
 own client instead (:meth:`~mdata.trainer.agent_client.AgentClient.direct`), and every later one
 too: a location not pushed there yet is long-polled, which subscribes the rank again.
+A rank fed by broadcast takes its steps' checkpoints from the agent's hub, as the host's
+receiving ranks got them (:mod:`mdata.trainer.fed_steps`); once the agent is lost its own hub
+has no receiving rank, so it asks for its steps.
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 from mdata.trainer.agent_lock import AgentLost
 from mdata.trainer.location_hub import hub_for, release
+from mdata.wire.codec import Reader
 from mdata.wire.delivery import BatchLocation, BatchLocationReply
+from mdata.wire.jobs import read_checkpoint
 from mdata.wire.host_location import ConsumedTell, LocationAsk
 
 if TYPE_CHECKING:
@@ -35,6 +40,7 @@ class AgentHub:
         self._pushes = pushes
         self._direct: Any = None  # the hub on the rank's own client, once the agent is lost
         self._lock = threading.Lock()
+        self._fed: set[int] = set()  # this Loader's ranks fed by broadcast (fed again when direct)
 
     @property
     def pushes(self) -> Any:
@@ -53,8 +59,43 @@ class AgentHub:
         with self._lock:
             if self._direct is None:
                 self.client.sync(self.client.direct)
-                self._direct = hub_for(self.client, self.job)  # the agent is lost: a real hub
+                direct = hub_for(self.client, self.job)  # the agent is lost: a real hub
+                for rank in self._fed:
+                    direct.feed(rank)
+                self._direct = direct
         return self._direct
+
+    def feed(self, rank: int) -> None:
+        """:meth:`LocationHub.feed`, on the agent's hub."""
+        self._fed.add(int(rank))
+        try:
+            self._call("agent_feed", rank=int(rank))
+        except AgentLost:
+            self.direct()  # fed there
+
+    def fed_checkpoint(self, step: int, generation: int, wait_s: float,
+                       stop: threading.Event | None = None) -> Any:
+        """:meth:`LocationHub.fed_checkpoint`, from what the agent's hub got for the host's
+        receiving ranks; None once the agent is lost (the rank then asks on its own hub)."""
+        try:
+            raw = self._call("agent_fed_checkpoint", step=int(step), generation=int(generation),
+                             wait_s=float(wait_s))
+        except AgentLost:
+            self.direct()
+            return None
+        if raw is None:
+            return None
+        return read_checkpoint(raw, Reader("FedCheckpoint", {"checkpoint": raw}),
+                               "checkpoint").to_dict()
+
+    def ask_fed(self, step: int, poll: float, ask: LocationAsk,
+                stop: threading.Event | None = None) -> BatchLocationReply:
+        """:meth:`LocationHub.ask_fed`, gathered with the host's other fed ranks by the agent."""
+        try:
+            raw = self._call("agent_ask_fed", step=int(step), poll=float(poll), ask=ask.to_msg())
+        except AgentLost:
+            return self.direct().ask_fed(step, poll, ask, stop)
+        return BatchLocationReply.from_msg(raw)
 
     def locate(self, step: int, poll: float, ask: LocationAsk,
                stop: threading.Event | None = None) -> BatchLocationReply:

@@ -90,11 +90,12 @@ class HostAgent:
 
     def handlers(self) -> dict[str, Callable]:
         names = ("hello", "bye", "join", "leave", "locate", "pushed", "pushed_waits", "tell",
-                 "forward")
+                 "forward", "feed", "fed_checkpoint", "ask_fed")
         return {f"agent_{n}": self._guarded(getattr(self, f"_{n}")) for n in names}
 
     def _guarded(self, fn: Callable) -> Callable:
-        asks = fn.__name__ in ("_locate", "_pushed", "_tell", "_forward")  # these need the scheduler
+        # these need the scheduler
+        asks = fn.__name__ in ("_locate", "_pushed", "_tell", "_forward", "_ask_fed")
 
         async def handler(comm: Any = None, token: Any = "", **kw: Any) -> dict[str, Any]:
             if not isinstance(token, str) or not hmac.compare_digest(token, self.token):
@@ -171,9 +172,10 @@ class HostAgent:
         from mdata.trainer.location_hub import release
 
         for job, hub in found.hubs.items():
-            if hub.pushes is not None:
-                for rank in found.ranks.get(job, ()):
+            for rank in found.ranks.get(job, ()):
+                if hub.pushes is not None:
                     hub.pushes.forget(rank)
+                hub.unfeed(rank)
             for _ in range(found.joins.get(job, 0)):
                 release(hub)
         found.hubs.clear()
@@ -228,6 +230,25 @@ class HostAgent:
     async def _tell(self, session: Any = 0, job: Any = "", tell: Any = None) -> None:
         hub = self._hub(session, job)
         await self._blocking(hub.tell, ConsumedTell.from_msg(tell))
+
+    async def _feed(self, session: Any = 0, job: Any = "", rank: Any = 0) -> None:
+        hub = self._hub(session, job)
+        self._session(session).ranks.setdefault(str(job), set()).add(int(rank))
+        hub.feed(int(rank))
+
+    async def _fed_checkpoint(self, session: Any = 0, job: Any = "", step: Any = 0,
+                              generation: Any = 0, wait_s: Any = 0.0) -> Any:
+        from mdata.wire.packed_checkpoint import checkpoint_msg
+
+        hub = self._hub(session, job)
+        found = await self._blocking(hub.fed_checkpoint, int(step), int(generation), float(wait_s))
+        return None if found is None else checkpoint_msg(found)
+
+    async def _ask_fed(self, session: Any = 0, job: Any = "", step: Any = 0, poll: Any = 0.0,
+                       ask: Any = None) -> dict[str, Any]:
+        hub = self._hub(session, job)
+        reply = await self._blocking(hub.ask_fed, int(step), float(poll), LocationAsk.from_msg(ask))
+        return reply.to_msg()
 
     async def _forward(self, handler: Any = "", msg: Any = None, session: Any = 0) -> Any:
         op = handler

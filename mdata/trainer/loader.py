@@ -14,6 +14,10 @@ thread fetched it, so the Planner's "consumed" step is what trainers really trai
 costs the loop no round trip: the step is noted and travels with the next location request, or
 on its own a moment later (:mod:`mdata.trainer.consumption`). Loaders that share one Dask client ask
 together, and the scheduler then pushes them the later steps' locations (:mod:`mdata.trainer.location_hub`).
+A rank fed by broadcast (``Plan.broadcast_at``) costs the scheduler nothing per step when its
+client (its host, with the host agent) holds a receiving rank of the job: it takes each step's
+checkpoint from the locations those got, and its consumption, which the Planner does not wait
+for, is not told (:mod:`mdata.trainer.fed_steps`).
 
 Each Loader leases its rank (one rank, one Loader) and joins a *generation* of the job: a
 Loader that brings a checkpoint for a job that runs already rewinds the job to it, and every rank
@@ -150,19 +154,24 @@ class Loader:
             self._validate_mesh(info)
             lease = self._lease()
             self._generation = lease.generation
-            if self._teller is None:
-                self._teller = ConsumptionTeller(self._tell_consumed, name=f"mdata-consumed-{self.rank}")
-            if self._hub is None:  # ranks sharing this client ask where their batches are together
-                self._hub = hub_for(self.client, self.job)
-            self._data = JobData(lease.job_data)
-            self._next_step = lease.start_step
-            self.info = {**info.to_msg(), "start_step": lease.start_step}
             mesh = info.mesh.place_tree()
             # Under broadcast_at(axis) only the axis' first rank receives, and it receives all its
             # group needs (the whole sequence for "cp"); the others get the batch from it over the
             # GPU interconnect, so this Loader yields only who to receive from.
             self.broadcast_source = mesh.broadcast_source(self.rank, info.broadcast)
             self._delivery = mesh.delivery(self.rank, info.broadcast)
+            if self._hub is None:  # ranks sharing this client ask where their batches are together
+                self._hub = hub_for(self.client, self.job)
+            if self.broadcast_source is not None:
+                # fed by broadcast: the Planner does not wait for this rank's consumption (it is
+                # never told), and the step's checkpoint comes with the locations its hub gets
+                # for its receiving ranks (mdata.trainer.fed_steps)
+                self._hub.feed(self.rank)
+            elif self._teller is None:
+                self._teller = ConsumptionTeller(self._tell_consumed, name=f"mdata-consumed-{self.rank}")
+            self._data = JobData(lease.job_data)
+            self._next_step = lease.start_step
+            self.info = {**info.to_msg(), "start_step": lease.start_step}
         return self.info
 
     def _lease(self):
@@ -252,10 +261,9 @@ class Loader:
                 began = time.monotonic()
                 if self.broadcast_source is not None:
                     # nothing to fetch, but the step's checkpoint makes this rank resumable too
-                    location = self._locate(step)
                     item = (step, {"step": step, "micro_batches": None,
                                    "broadcast_from": self.broadcast_source},
-                            dict(location.checkpoint))
+                            dict(self._fed_checkpoint(step)))
                 else:
                     location, batch = self._locate_and_fetch(step, delivered)
                     delivered = step
@@ -341,6 +349,38 @@ class Loader:
                 raise TrainerTimeoutError(
                     f"rank {self.rank}: the batch of step {step} was not ready within "
                     f"{self.timeout:.0f}s; check the Planner's dashboard for a stalled source pool"
+                )
+
+    def _fed_checkpoint(self, step: int) -> Any:
+        """The checkpoint of ``step`` for a rank fed by broadcast (once the step's batch is
+        built): from the locations its hub got for its receiving ranks, so the rank sends the
+        scheduler nothing per step; asked for (without subscribing to pushes) only when none of
+        them brought it within a poll, the hub has no receiving rank, or the job was reset
+        (:mod:`mdata.trainer.fed_steps`). Its consumption is never told: the Planner does not
+        wait for it (``PlannerState.receivers``)."""
+        wait = self._patience.begin()
+        while True:
+            if self._stop.is_set():  # closing: no new wait
+                raise TrainerError("loader closed")
+            poll = self._patience.poll_s(wait, self.poll_interval)
+            checkpoint = self._hub.fed_checkpoint(step, self._generation, poll, self._stop)
+            if checkpoint is not None:
+                return checkpoint
+            if self._stop.is_set():
+                raise TrainerError("loader closed")
+            asked = time.monotonic()
+            reply = self._hub.ask_fed(step, poll, LocationAsk(
+                rank=self.rank, token=self._token, generation=self._generation), self._stop)
+            if reply.status is Status.OK:
+                self.locate_seconds.append(time.monotonic() - asked)
+                return reply.location.checkpoint
+            if reply.status is Status.FAILED:
+                raise reply.failure(f"rank {self.rank}, step {step}")
+            if not self._patience.keep_waiting(wait, step):
+                raise TrainerTimeoutError(
+                    f"rank {self.rank} (fed by broadcast from rank {self.broadcast_source}): "
+                    f"step {step} was not ready within {self.timeout:.0f}s; check the Planner's "
+                    "dashboard for a stalled source pool"
                 )
 
     # -- checkpointing ---------------------------------------------------------------------------

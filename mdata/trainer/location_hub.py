@@ -23,6 +23,11 @@ scheduler pushes the later steps' locations over the client's stream instead
 (:mod:`mdata.trainer.pushed_locations`): a rank takes its step's location from
 :meth:`LocationHub.pushed` and long-polls only when none came (not subscribed yet, a reconnect,
 a rewind, its batch moved).
+
+Ranks fed by broadcast (``Plan.broadcast_at``) neither ask nor tell: they take each step's
+checkpoint from what the hub received for its receiving ranks (:mod:`mdata.trainer.fed_steps`),
+and ask for a step themselves (:meth:`LocationHub.ask_fed`, gathered, never subscribed) only
+when none of those brought it.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import time
 from typing import Any
 
 from mdata.errors import TrainerError
+from mdata.trainer.fed_steps import StepCheckpoints
 from mdata.trainer.pushed_locations import PushedLocations, current_stream, push_handler
 from mdata.trainer.stream_tells import TellStream, confirm_handler
 from mdata.wire.delivery import BatchLocation, BatchLocationReply
@@ -84,14 +90,18 @@ class LocationHub:
     def __init__(self, client: Any, job: str, gather_s: float = 0.005, push: bool = False,
                  tells_timeout_s: float | None = None) -> None:
         self.client, self.job, self.gather_s = client, job, float(gather_s)
+        # the step checkpoints that reach this hub, for its ranks fed by broadcast
+        self.steps = StepCheckpoints()
         # locations the scheduler pushes (None: push off, every location is asked for)
-        self.pushes = PushedLocations(client, job) if push else None
+        self.pushes = PushedLocations(client, job, self.steps) if push else None
         # consumption told over the client's stream (None: as the mdata_consumed RPC)
         self.streamed = (TellStream(client, job, tells_timeout_s)
                          if push and tells_timeout_s is not None else None)
         self.members = 0
         self.requests = 0  # sent so far, and the asks they carried: how well ranks were grouped
         self.asks = 0
+        self.fed_requests = 0  # the same, of fed ranks asking for a step none of the others brought
+        self.fed_asks = 0
         self._open: dict[Any, _Round] = {}  # step (or "consumed") -> the round still gathering
         self._cond = threading.Condition()
 
@@ -103,6 +113,51 @@ class LocationHub:
         with self._cond:
             self.members -= 1
             self._cond.notify_all()  # a leader waiting for this member stops waiting
+        self.steps.wake()  # a fed rank waiting for a step may have lost its last receiving rank
+
+    # -- ranks fed by broadcast ---------------------------------------------------------------------
+    def feed(self, rank: int) -> None:
+        """``rank`` (a member) gets its batch by broadcast: it asks nothing per step."""
+        with self._cond:
+            self.steps.fed.add(int(rank))
+
+    def unfeed(self, rank: int) -> None:
+        with self._cond:
+            self.steps.fed.discard(int(rank))
+        self.steps.wake()
+
+    def receiving(self) -> bool:
+        """Whether a member of this hub receives batches (is not fed by broadcast)."""
+        return self.members > len(self.steps.fed)
+
+    def fed_checkpoint(self, step: int, generation: int, wait_s: float,
+                       stop: threading.Event | None = None) -> Any:
+        """The checkpoint of ``step`` (``generation``) as this hub's receiving ranks got it,
+        waiting up to ``wait_s``; None when none of them brought it (or there is none)."""
+        return self.steps.take(step, generation, wait_s, self.receiving, stop)
+
+    def ask_fed(self, step: int, poll: float, ask: LocationAsk,
+                stop: threading.Event | None = None) -> BatchLocationReply:
+        """A fed rank's own long poll for ``step`` (with the other fed ranks of this process
+        asking for it): as :meth:`locate`, but never subscribing to pushes (the scheduler then
+        pushes nothing per step for the rank) and telling nothing."""
+        def send(asks: tuple, polls: list[float]) -> tuple:
+            reply = ask_sync(self.client, HostLocationRequest(
+                job=self.job, step=step, timeout=min(polls), asks=asks, client=""))
+            self._seen(step, asks, reply.answers)
+            return reply.answers
+
+        return self._together(("fed", step), ask, float(poll), send, stop)
+
+    def _seen(self, step: int, asks: tuple, answers: tuple) -> None:
+        """File the step's checkpoint of a request's answers for the fed ranks; a failed answer
+        (the job failed or rewound, a lease was lost) has them ask for themselves meanwhile."""
+        if any(a.status is Status.FAILED for a in answers):
+            self.steps.reset()
+        for ask, answer in zip(asks, answers):
+            if answer.status is Status.OK:
+                self.steps.file(ask.generation, ((step, answer.location.checkpoint),))
+                break
 
     def locate(self, step: int, poll: float, ask: LocationAsk,
                stop: threading.Event | None = None) -> BatchLocationReply:
@@ -123,6 +178,7 @@ class LocationHub:
                                    if r.status is not Status.FAILED], stream)
             if self.streamed is not None and reply.tells:
                 self.streamed.accepted = True
+            self._seen(step, asks, reply.answers)
             return reply.answers
 
         return self._together(step, ask, float(poll), send, stop)
@@ -174,7 +230,10 @@ class LocationHub:
                         break
                     self._cond.wait(left)
                 del self._open[key]  # later items start the next round
-                if key != "consumed":
+                if isinstance(key, tuple):  # ("fed", step)
+                    self.fed_requests += 1
+                    self.fed_asks += len(round_.asks)
+                elif key != "consumed":
                     self.requests += 1
                     self.asks += len(round_.asks)
         if leader:
@@ -233,6 +292,8 @@ def release(hub: LocationHub, rank: int | None = None) -> None:
         return
     if rank is not None and hub.pushes is not None:
         hub.pushes.forget(rank)
+    if rank is not None:
+        hub.unfeed(rank)
     hub.leave()
     with _hubs_lock:
         key = (id(hub.client), hub.job)

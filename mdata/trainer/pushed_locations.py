@@ -12,6 +12,10 @@ the scheduler stream that is open now. After a reconnect (a new stream), a rewin
 generation) or a reset (the job failed, rewound or closed), it has none and long-polls as
 before, which subscribes it again. A rank whose batch moved (its constructor died) long-polls
 too: that is what has the scheduler wait for the rebuild.
+
+Every push's step checkpoints (and its resets) also go to the hub's
+:class:`~mdata.trainer.fed_steps.StepCheckpoints`, for the client's ranks fed by broadcast, which
+are never subscribed.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from mdata.trainer.fed_steps import StepCheckpoints
 from mdata.wire.delivery import BatchLocation
 from mdata.wire.location_push import LocationPush
 
@@ -41,8 +46,9 @@ def current_stream(client: Any) -> Any:
 class PushedLocations:
     """Pushed locations of one job's ranks on one client (see the module docstring)."""
 
-    def __init__(self, client: Any, job: str) -> None:
+    def __init__(self, client: Any, job: str, seen: StepCheckpoints | None = None) -> None:
         self.client, self.job = client, job
+        self.seen = seen  # the step checkpoints every push brings, for the hub's fed ranks
         self.received = 0  # pushes received, and locations the ranks took from them
         self.taken = 0
         self._cond = threading.Condition()
@@ -94,6 +100,11 @@ class PushedLocations:
                     if self._generation(rank) == push.generation:
                         self._by_rank.setdefault(rank, {})[step] = location
             self._cond.notify_all()
+        if self.seen is not None:
+            if push.reset:
+                self.seen.reset()
+            elif push.checkpoints:
+                self.seen.file(push.generation, push.checkpoints.items())
 
     def held(self, rank: int) -> dict[int, BatchLocation]:
         """The pushed locations ``rank`` has not taken yet, by step (a copy)."""

@@ -2,7 +2,8 @@
 
 Each process is one rank with a Loader given the scheduler's address (as torchrun's local ranks
 are); ``agent`` turns ``mdata.trainer.host-agent`` on in it. Every step it sends
-``("step", rank, step)`` on ``out`` (so a test can act mid-run), then at the end
+``("step", rank, step)`` on ``out`` (so a test can act mid-run; a rank fed by broadcast records
+whom from and its checkpoint's step instead of samples), then at the end
 ``("done", rank, received, client id, why the agent was lost)`` or ``("error", rank, text)``.
 
 ``out`` is the process' own pipe (:class:`Inbox`), not a queue shared by all: the tests kill
@@ -111,7 +112,12 @@ def trainer(rank: int, world: int, address: str, job: str, steps: int, out, agen
                 if until:
                     loader.steps = steps - loader.attach()["start_step"]
                 for batch in loader:
-                    got.append((batch["step"], batch["sample_ids"].tolist(), token_hash(batch)))
+                    if batch["micro_batches"] is None:  # fed by broadcast: whom from, and the
+                        # step its state_dict() says it consumed
+                        got.append((batch["step"], "broadcast from", batch["broadcast_from"],
+                                    loader.state_dict()["checkpoint"]["step"]))
+                    else:
+                        got.append((batch["step"], batch["sample_ids"].tolist(), token_hash(batch)))
                     out.send(("step", rank, batch["step"]))
                     time.sleep(step_s)
                 client_id = str(loader.client.id)

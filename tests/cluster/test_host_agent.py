@@ -5,7 +5,9 @@ address with ``mdata.trainer.host-agent`` on: the scheduler sees one new client 
 they receive exactly the samples (ids and token hashes) of a run with the agent off, and the
 agent exits once they are gone. Killing the agent (SIGKILL) mid-run changes nothing the ranks
 receive: each goes on with a client of its own. Killing a rank under a live agent ends its
-lease, so the trainer restarted takes its rank back; killing them all ends the agent.
+lease, so the trainer restarted takes its rank back; killing them all ends the agent. Under
+``broadcast_at("tp")`` the ranks fed by broadcast take their steps' checkpoints from the agent's
+hub: the scheduler hears (almost) nothing from them.
 """
 
 from __future__ import annotations
@@ -31,11 +33,11 @@ RANKS = 4
 STEPS = 8
 
 
-def _plan(sources) -> Plan:
+def _plan(sources, broadcast=None) -> Plan:
     text = [s for s in sources if s.name in ("chat", "code")]
     return (Plan(text).mix({"chat": 1.0, "code": 1.0}).cost(AttentionCost(a=1.0, b=2048.0))
             .balance(micro_batches=1, max_tokens=4096, global_batch=8)
-            .distribute(ClientPlaceTree(dp=2, tp=2)).seed(7).window(3))
+            .distribute(ClientPlaceTree(dp=2, tp=2)).broadcast_at(broadcast).seed(7).window(3))
 
 
 def _clients(client) -> set[str]:
@@ -260,3 +262,30 @@ def test_a_killed_rank_restarted_takes_its_rank_back_from_the_agent(mdata_cluste
     assert again and again[-1][0] == STEPS - 1  # the restarted rank went on to the end
     assert again == off[1][0][again[0][0]:], again[0][0]  # ... with the uninterrupted steps
     assert len({r[1] for r in results.values()}) == 1  # all four, the restart too, on the agent
+
+
+def test_ranks_fed_by_broadcast_ask_nothing_per_step_through_the_agent(
+        mdata_cluster, client, example_sources_small, reference):
+    """Ranks 1 and 3 (TP rank 1) get their batch by broadcast: through the agent they take each
+    step's checkpoint from what its hub got for ranks 0 and 2, so the scheduler gets no per-step
+    message of theirs (a fed process that attached before any receiving one asks for its first
+    step itself: at most that). The receiving ranks get the samples of the run without the agent."""
+    from test_broadcast_fed import count_per_rank, counted
+
+    address = mdata_cluster.scheduler_address
+    off, _ = reference
+    job = "agent-broadcast"
+    submit_job(client, _plan(example_sources_small, "tp"), job=job)
+    count_per_rank(client, job)
+    got, clients = run_ranks(client, address, job, agent=True)
+    counts = counted(client)
+    _close(client, job)
+    assert len(clients) == 1, clients
+    for rank in (1, 3):
+        assert got[rank][0] == [(s, "broadcast from", rank - 1, s + 1) for s in range(STEPS)]
+        mine = counts.get(rank, {})
+        assert set(mine) <= {"mdata_host_location"} and mine.get("mdata_host_location", 0) <= 2, \
+            counts
+    for rank in (0, 2):
+        # the TP receiver holds its group's one copy: the samples the rank got without broadcast
+        assert [(s, ids) for s, ids, _ in got[rank][0]] == [(s, ids) for s, ids, _ in off[rank][0]]
