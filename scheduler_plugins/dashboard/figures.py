@@ -220,11 +220,18 @@ def balance_figures(runtime: "JobRuntime", *, last: int | None = None) -> dict[s
 
 
 def trainers_figures(runtime: "JobRuntime") -> dict[str, Any]:
-    """Per trainer rank: total wait for batches, steps consumed, last step, wait per step."""
+    """Per trainer rank: total wait for batches, steps consumed, last step, wait per step.
+    Ranks fed by broadcast (``broadcast``: the plan's axis) tell nothing per step, so only the
+    receiving ranks have figures; ``fed_by_broadcast`` counts the others (each follows its
+    group's receiver, whose figures stand for it)."""
     figures = runtime.trainer_meter.snapshot()
+    mesh, broadcast = runtime.plan.mesh, runtime.plan.broadcast
+    receiving = sum(len(group) for group in runtime.state.receivers)
     return {
         "job": runtime.job,
-        "world_size": runtime.plan.mesh.world_size,
+        "world_size": mesh.world_size,
+        "broadcast": broadcast,
+        "fed_by_broadcast": mesh.world_size - receiving,
         "rank": [f.rank for f in figures],
         "wait_s": [f.wait_s for f in figures],
         "steps_consumed": [f.steps_consumed for f in figures],

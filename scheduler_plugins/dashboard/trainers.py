@@ -5,7 +5,8 @@ because the batch was not built yet; it overlaps compute while the prefetcher is
 training loop itself waited (the GPU time data cost), and the source each wait is blamed on, is
 on the waiting page (:mod:`scheduler_plugins.dashboard.waiting`). Totals per rank sit beside the
 steps each rank consumed; the line plot shows waits per step, so a stall is visible when it
-happens.
+happens. Under ``broadcast_at`` only the receiving ranks have figures: the ranks they broadcast
+to tell the scheduler nothing per step, and follow their receiver.
 """
 
 from __future__ import annotations
@@ -62,6 +63,10 @@ class TrainersPanel:
         steps = {c: [] for c in STEP_COLUMNS}
         if runtime is not None:
             figs = trainers_figures(runtime)
+            if figs["fed_by_broadcast"]:
+                self.message.text += (f"; {figs['fed_by_broadcast']} ranks get their batch by "
+                                      f"broadcast ({figs['broadcast']}) and follow their "
+                                      "receiver: only receiving ranks are shown")
             labels = [str(r) for r in figs["rank"]]
             data = {"rank": labels, "wait_s": figs["wait_s"], "steps_consumed": figs["steps_consumed"],
                     "last_step": figs["last_step"], "color": [colour(r) for r in figs["rank"]]}
