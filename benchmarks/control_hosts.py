@@ -52,7 +52,11 @@ def _rank_loop(client, job: str, rank: int, world: int, steps: int, timeout: flo
                 acks.append(time.perf_counter() - began)
             out[rank] = {"taken": taken, "wait_s": waits, "ack_s": acks,
                          "locate_s": list(loader.locate_seconds),
-                         "hub": None if hub is None else (hub.requests, hub.asks)}
+                         "hub": None if hub is None else (hub.requests, hub.asks),
+                         # ranks fed by broadcast: asks of theirs that went to the scheduler,
+                         # and checkpoints they took from the hub instead
+                         "fed": None if hub is None else (hub.fed_requests, hub.fed_asks,
+                                                          hub.steps.served)}
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which fails the run
         step_barrier.abort()  # the others stop waiting for this rank
         errors.append(f"rank {rank}: {type(exc).__name__}: {exc}")
@@ -97,4 +101,5 @@ def run_host(address: str, job: str, ranks: list[int], world: int, steps: int,
         errors.append(f"host of ranks {ranks[0]}..{ranks[-1]}: {type(exc).__name__}: {exc}")
     # the host's hub (its ranks share it): requests sent and asks they carried, as last seen
     hub = max((r["hub"] for r in out.values() if r.get("hub") is not None), default=None)
-    results.put({"ranks": out, "errors": errors, "hub": hub})
+    fed = max((r["fed"] for r in out.values() if r.get("fed") is not None), default=None)
+    results.put({"ranks": out, "errors": errors, "hub": hub, "fed": fed})

@@ -6,10 +6,14 @@ real loader and constructor workers in processes of their own, and N trainer ran
 :class:`mdata.trainer.Loader` protocol as threads that share one Dask client per simulated host
 (:mod:`benchmarks.control_hosts`). No training compute: ranks go as fast as the data path allows.
 
-Two sweeps:
+Three sweeps:
 
 * **fixed DP** (DP groups held at ``FIXED_DP``, TP grown): the work that scales with *ranks*;
-* **DP = N** (one rank per group): the work that scales with *groups*.
+* **DP = N** (one rank per group): the work that scales with *groups*;
+* **fixed DP under** ``broadcast_at("tp")`` (the same worlds, only TP rank 0 of each group
+  receiving: what Megatron-style trainers run, loading on TP rank 0 and broadcasting), laid out
+  as at scale, one TP group per simulated host (so ``FIXED_DP`` hosts at every N): the work left
+  per rank when most ranks are fed by broadcast (:mod:`mdata.trainer.fed_steps`).
 
 Figures (``control.*``):
 
@@ -53,7 +57,15 @@ Figures (``control.*``):
   scheduler (:mod:`benchmarks.control_consume`): the per-rank work without the trainer threads
   that share this machine's cores;
 * ``steps_per_s_<n>``: steps per second the ranks reached (bounded here by 2 shared cores, not by
-  the protocol alone).
+  the protocol alone);
+* ``scheduler_cpu_ms_per_step_<n>_bcast_tp`` (the broadcast sweep's points),
+  ``scheduler_cpu_us_per_rank_step_bcast_tp`` (its slope: what a rank fed by broadcast costs, its
+  hosts fixed), ``scheduler_cpu_us_per_host_step`` (what a host client adds: the broadcast
+  sweep's first point, ``FIXED_DP`` hosts of one rank, against the fixed-DP sweep's, the same
+  ranks on one host), ``scheduler_messages_per_step_bcast_tp`` (at the largest world) and
+  ``max_ranks_at_1_step_per_s_bcast_tp``: the world at one step per second at TP
+  ``RANKS_PER_GROUP`` under ``broadcast_at("tp")``, one host per TP group (per DP group: the
+  per-group cost, one receiving rank and one host; per other rank: the broadcast slope).
 
 Nothing is compared with a baseline: a per-rank loader has no control plane. The goal lives in the
 figure's row: the scheduler's CPU per step must grow with DP groups, not with ranks.
@@ -208,7 +220,7 @@ def _set_freeze(dask_scheduler=None, on: bool = True) -> int:
     return gc.get_freeze_count()
 
 
-def _plan(sources, dp: int, tp: int):
+def _plan(sources, dp: int, tp: int, broadcast: str | None = None):
     from mdata.cost import AttentionCost
     from mdata.mesh import ClientPlaceTree
     from mdata.plan import Plan
@@ -217,7 +229,7 @@ def _plan(sources, dp: int, tp: int):
     return (Plan(text).mix({s.name: 1.0 for s in text})
             .cost(AttentionCost(a=1.0, b=2048.0))
             .balance(micro_batches=1, max_tokens=4096, global_batch=2 * dp)
-            .distribute(ClientPlaceTree(dp=dp, tp=tp)).seed(3))
+            .distribute(ClientPlaceTree(dp=dp, tp=tp)).broadcast_at(broadcast).seed(3))
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -252,8 +264,11 @@ def _read_messages(dask_scheduler=None, job: str = "") -> tuple[int, int, int, i
 
 def sweep_point(address: str, pid: int, sources, *, n: int, dp: int, steps: int, job: str,
                 gather_s: float | None = None, push: bool | None = None,
-                tells: bool | None = None, freeze: bool | None = None) -> dict:
+                tells: bool | None = None, freeze: bool | None = None,
+                broadcast: str | None = None, per_host: int | None = None) -> dict:
     """Run ``n`` ranks (DP ``dp``, TP ``n // dp``) for ``steps`` steps; what the scheduler spent.
+    ``broadcast``: the plan's ``broadcast_at`` axis (None: every rank receives); ``per_host``:
+    ranks per simulated host (None: ``MAX_RANKS_PER_HOST``).
     ``gather_s``: the hosts' ``mdata.trainer.location-gather`` (None: the default); ``push``:
     their ``mdata.trainer.location-push``, ``tells`` their ``mdata.trainer.stream-tells`` (None:
     the default); ``freeze``: freeze the scheduler's objects out of full collections after the
@@ -264,11 +279,11 @@ def sweep_point(address: str, pid: int, sources, *, n: int, dp: int, steps: int,
     from mdata.driver import JobHandle, submit_job
 
     with Client(address, set_as_default=False) as client:
-        submit_job(client, _plan(sources, dp, n // dp), job=job)
+        submit_job(client, _plan(sources, dp, n // dp, broadcast), job=job)
         if freeze is not None:
             client.run_on_scheduler(_set_freeze, on=freeze)
         client.run_on_scheduler(_install_loop_probe)
-        hosts = max(1, math.ceil(n / MAX_RANKS_PER_HOST))
+        hosts = max(1, math.ceil(n / (per_host or MAX_RANKS_PER_HOST)))
         per_host = math.ceil(n / hosts)
         ctx = mp.get_context("spawn")
         results = ctx.Queue()
@@ -283,6 +298,7 @@ def sweep_point(address: str, pid: int, sources, *, n: int, dp: int, steps: int,
         records: dict[int, dict] = {}
         errors: list[str] = []
         hubs: list[tuple[int, int]] = []  # (requests, asks) of each host's LocationHub
+        fed: list[tuple[int, int, int]] = []  # its fed ranks' (requests, asks, checkpoints taken)
         deadline = time.monotonic() + TIMEOUT + 120
         for _ in procs:
             got = _next_result(results, procs, pid, deadline)
@@ -290,6 +306,8 @@ def sweep_point(address: str, pid: int, sources, *, n: int, dp: int, steps: int,
             errors += got["errors"]
             if got.get("hub") is not None:
                 hubs.append(tuple(got["hub"]))
+            if got.get("fed") is not None:
+                fed.append(tuple(got["fed"]))
         for p in procs:
             p.join(timeout=30)
         sampler.stop()
@@ -330,6 +348,11 @@ def sweep_point(address: str, pid: int, sources, *, n: int, dp: int, steps: int,
             "requests_per_step": requests_seen / steps, "tells_per_step": tells_seen / steps,
             "streamed_tells_per_step": streamed / steps,
             "pushes_per_step": pushes / steps,
+            # ranks fed by broadcast: their own location requests per step (a step none of their
+            # host's receiving ranks brought) and the checkpoints they took from their hub
+            "fed_requests_per_step": sum(f[0] for f in fed) / steps,
+            "fed_asks_per_step": sum(f[1] for f in fed) / steps,
+            "fed_from_hub_per_step": sum(f[2] for f in fed) / steps,
             "n": n, "dp": dp, "cpu_ms_per_step": cpu_ms, "steps_per_s": window_steps / (end - start),
             "locate_p50_ms": 1000 * _percentile(locate, 0.5), "locate_p99_ms": 1000 * _percentile(locate, 0.99),
             "ack_ms": 1000 * statistics.median(acks), "ack_p99_ms": 1000 * _percentile(acks, 0.99),
@@ -370,6 +393,11 @@ def run(quick: bool) -> dict:
         group_points = [points[fixed.index(n)] if n == dp and n in fixed else
                         sweep_point(address, proc.pid, sources, n=n, dp=n, steps=steps,
                                     job=f"control-dp{n}") for n in per_group]
+        # the fixed-DP worlds under broadcast_at("tp"), only TP rank 0 of each group receiving,
+        # one TP group per host as at scale: dp hosts whatever the TP
+        bcast = [sweep_point(address, proc.pid, sources, n=n, dp=dp, steps=steps,
+                             job=f"control-{n}-bcast-tp", broadcast="tp", per_host=n // dp)
+                 for n in fixed]
         # the same largest world with every rank long-polling alone (the protocol before ranks
         # of one client asked together), measured in the same run
         alone = sweep_point(address, proc.pid, sources, n=fixed[-1], dp=dp, steps=steps,
@@ -387,7 +415,18 @@ def run(quick: bool) -> dict:
     per_rank_poll_at_scale = max(0.0, per_rank_poll) + per_group_ms / RANKS_PER_GROUP
     max_ranks_poll = ((1000.0 - fixed_ms) / per_rank_poll_at_scale if per_rank_poll_at_scale > 0
                       else float("inf"))
-    top, top_poll = points[-1], polled[-1]
+    # under broadcast_at("tp") at TP RANKS_PER_GROUP, a host per TP group: per DP group its
+    # cost, one receiving rank's and one host's; per other rank the broadcast sweep's slope (its
+    # receivers and hosts are fixed: DP groups). A host's cost: the broadcast sweep's first
+    # point (dp hosts of TP 1: nothing to broadcast) over the fixed-DP one (the same on 1 host)
+    _, per_fed = _slope([(p["n"], p["cpu_ms_per_step"]) for p in bcast])
+    first = next(p for p in points if p["n"] == bcast[0]["n"])
+    per_host_ms = max(0.0, (bcast[0]["cpu_ms_per_step"] - first["cpu_ms_per_step"])
+                      / max(1, dp - math.ceil(first["n"] / MAX_RANKS_PER_HOST)))
+    per_rank_bcast = ((per_group_ms + max(0.0, per_rank) + per_host_ms) / RANKS_PER_GROUP
+                      + max(0.0, per_fed) * (RANKS_PER_GROUP - 1) / RANKS_PER_GROUP)
+    max_ranks_bcast = (1000.0 - fixed_ms) / per_rank_bcast if per_rank_bcast > 0 else float("inf")
+    top, top_poll, top_bcast = points[-1], polled[-1], bcast[-1]
     figures = {
         "control.scheduler_cpu_us_per_rank_step": figure(
             1000 * per_rank, unit="us", goal="flat in N at fixed DP (grows with groups, not ranks)",
@@ -436,6 +475,23 @@ def run(quick: bool) -> dict:
               f"tell, per rank, N={consume['ranks']} (DP {consume['dp']}), median of "
               f"{len(consume['per_step_us'])} steps; x 16,384 ranks = "
               f"{consume['us_per_rank'] * 16384 / 1e3:.0f} ms per step"))
+    figures["control.scheduler_cpu_us_per_rank_step_bcast_tp"] = figure(
+        1000 * per_fed, unit="us", goal="~0 (a rank fed by broadcast costs the scheduler nothing)",
+        note=f"slope over N={list(fixed)} at DP {dp} under broadcast_at('tp'), one host per TP "
+             f"group ({dp} hosts)")
+    figures["control.scheduler_cpu_us_per_host_step"] = figure(
+        1000 * per_host_ms, unit="us",
+        note=f"N={first['n']}: {dp} hosts of one rank against one host of {first['n']}, per host")
+    figures["control.max_ranks_at_1_step_per_s_bcast_tp"] = figure(
+        max_ranks_bcast, goal=">= 16384 on one scheduler core",
+        note=f"extrapolated at TP {RANKS_PER_GROUP} under broadcast_at('tp'), a host per TP group: "
+             "per DP group its cost, one receiving rank and one host")
+    figures["control.scheduler_messages_per_step_bcast_tp"] = figure(
+        top_bcast["messages_per_step"],
+        note=f"N={top_bcast['n']} under broadcast_at('tp'): location and consumption requests + pushes")
+    for p in bcast:
+        figures[f"control.scheduler_cpu_ms_per_step_{p['n']}_bcast_tp"] = figure(
+            p["cpu_ms_per_step"], unit="ms", note=f"DP {dp}, broadcast_at('tp')")
     figures["control.fixed_dp"] = dp  # the DP size of the fixed-DP sweep (e2e fits its costs)
     for p in points:
         figures[f"control.scheduler_cpu_ms_per_step_{p['n']}"] = figure(p["cpu_ms_per_step"], unit="ms",
@@ -451,7 +507,7 @@ def run(quick: bool) -> dict:
 
 
 def push_vs_poll(ns: tuple[int, ...], dp: int, steps: int, repeats: int,
-                 tells: bool = False, gc_freeze: bool = False) -> dict:
+                 tells: bool = False, gc_freeze: bool = False, broadcast: bool = False) -> dict:
     """Pushed locations against long polls side by side, in one cluster: for each world size in
     ``ns`` (DP ``dp``), ``repeats`` rounds of one push point and one poll point, interleaved so
     that load on the machine hits both alike; per mode the median scheduler CPU per step and
@@ -461,7 +517,9 @@ def push_vs_poll(ns: tuple[int, ...], dp: int, steps: int, repeats: int,
     instead consumption told over the clients' streams (``stream``, the default) with the
     ``mdata_consumed`` RPCs (``rpc``, ``mdata.trainer.stream-tells`` off), both with push;
     ``gc_freeze`` (``--gc-freeze``): the scheduler's objects frozen out of full garbage
-    collections (``frozen``, :mod:`mdata.gc_freeze`) against not (``unfrozen``), both with push."""
+    collections (``frozen``, :mod:`mdata.gc_freeze`) against not (``unfrozen``), both with push;
+    ``broadcast`` (``--broadcast``): the same worlds under ``broadcast_at("tp")`` (``bcast``)
+    against every rank receiving (``receive``)."""
     from benchmarks.workload import corpus_dir
     from mdata.data.example import example_sources
 
@@ -471,6 +529,7 @@ def push_vs_poll(ns: tuple[int, ...], dp: int, steps: int, repeats: int,
     modes: tuple[tuple[str, dict], ...] = (
         (("stream", {"tells": True}), ("rpc", {"tells": False})) if tells
         else (("frozen", {"freeze": True}), ("unfrozen", {"freeze": False})) if gc_freeze
+        else (("bcast", {"broadcast": "tp"}), ("receive", {})) if broadcast
         else (("push", {"push": None}), ("poll", {"push": False})))
     with _cluster(corpus, constructors=2) as (proc, address):
         for r in range(repeats):
@@ -520,6 +579,8 @@ if __name__ == "__main__":
                         help="compare consumption tells over the streams with mdata_consumed RPCs")
     parser.add_argument("--gc-freeze", action="store_true",
                         help="compare the scheduler frozen out of full garbage collections with not")
+    parser.add_argument("--broadcast", action="store_true",
+                        help="compare the worlds under broadcast_at('tp') with every rank receiving")
     args = parser.parse_args()
     print(json.dumps(push_vs_poll(tuple(args.compare), args.dp, args.steps, args.repeats,
-                                  args.tells, args.gc_freeze), indent=1))
+                                  args.tells, args.gc_freeze, args.broadcast), indent=1))

@@ -99,6 +99,9 @@ def test_quick_run_reports_control_plane_figures(tmp_path: Path) -> None:
     assert 0 <= figures["control.loop_held_ms_p99"] <= figures["control.loop_blocked_ms_p99"] + 1e-6
     assert figures["control.full_gc_ms"] > 0 and figures["control.full_gc_max_ms"] >= 0
     assert figures["control.max_ranks_at_1_step_per_s"] > 0
+    # the fixed-DP worlds under broadcast_at("tp") (TP 1 at 8 ranks: the fixed-DP point itself)
+    assert figures["control.scheduler_cpu_ms_per_step_24_bcast_tp"] > 0
+    assert figures["control.max_ranks_at_1_step_per_s_bcast_tp"] > 0
     # the ranks of a host share a client, so they asked where their batches are together
     assert figures["control.asks_per_request"] > 1
     assert figures["control.scheduler_cpu_ms_per_step_24_ranks_alone"] > 0
