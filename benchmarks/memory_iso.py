@@ -176,24 +176,36 @@ def _say(what: str, out: dict) -> None:
 
 
 class _Budget:
-    """How many baseline rank families fit this machine's budget (``LIMIT_MB``) at a point, from
-    the most memory per worker per source measured so far (a worker's steady state grows with
-    the sources it streams): the configured number, 1, or 0 (the point is not measured)."""
+    """How many baseline rank families fit this machine's budget (``LIMIT_MB``) at a point: the
+    configured number, 1, or 0 (the point is not measured). A worker's steady state grows with
+    the sources it streams, so its memory at ``n`` sources is extrapolated along the steepest
+    slope per source between the points measured so far (from one point only: in proportion
+    to its sources, which overstates a point with a large fixed part)."""
 
     def __init__(self, limit_mb: float) -> None:
         self.limit_mb = limit_mb
-        self.per_worker_source_mb = 0.0
+        self.points: dict[int, float] = {}  # sources -> most MB per worker measured there
+
+    def per_worker_mb(self, sources: int) -> float:
+        if not self.points:
+            return 0.0
+        known = sorted(self.points.items())
+        last_n, last_mb = known[-1]
+        if len(known) == 1:
+            return last_mb * max(1.0, sources / last_n)
+        slope = max((b - a) / (m - n) for (n, a), (m, b) in zip(known, known[1:]))
+        return last_mb + max(0.0, slope) * max(0, sources - last_n)
 
     def families(self, wanted: int, sources: int, workers: int) -> int:
-        guess = self.per_worker_source_mb * sources * workers
+        guess = self.per_worker_mb(sources) * workers
         for families in range(wanted, 0, -1):
             if guess * families + 500 <= self.limit_mb:
                 return families
         return 0
 
     def learn(self, measured: dict, sources: int, workers: int) -> None:
-        per = measured["pss_mb"] / measured["measured_ranks"] / workers / sources
-        self.per_worker_source_mb = max(self.per_worker_source_mb, per)
+        per = measured["pss_mb"] / measured["measured_ranks"] / workers
+        self.points[sources] = max(self.points.get(sources, 0.0), per)
 
 
 def _point(cfg: dict, n: int, budget: _Budget) -> dict[str, object]:

@@ -84,3 +84,18 @@ def test_a_cp_rank_is_paced_on_its_whole_documents() -> None:
     assert _batch_cost([piece]) == pytest.approx(_batch_cost([whole]))
     expected = float(AttentionCost()(np.array([1000.0, 2000.0]), np.zeros(2)).sum())
     assert _batch_cost([whole]) == pytest.approx(expected)
+
+
+def test_the_budget_extrapolates_a_workers_memory_along_its_slope_per_source() -> None:
+    from benchmarks.memory_iso import _Budget
+
+    budget = _Budget(10 * 1024)
+    assert budget.families(2, 1024, 1) == 2  # nothing measured yet: nothing to go by
+    budget.learn({"pss_mb": 237.0, "measured_ranks": 2}, 5, 1)  # 118.5 MB per worker at 5
+    assert budget.per_worker_mb(64) == pytest.approx(118.5 * 64 / 5)  # one point: proportional
+    budget.learn({"pss_mb": 1446.0, "measured_ranks": 2}, 64, 2)  # 361.5 MB per worker at 64
+    slope = (361.5 - 118.5) / 59
+    assert budget.per_worker_mb(1024) == pytest.approx(361.5 + slope * 960)  # ~4.3 GB
+    assert budget.families(2, 1024, 1) == 2
+    assert budget.families(2, 1024, 2) == 1  # two families of two workers would not fit
+    assert budget.families(2, 1024, 4) == 0
