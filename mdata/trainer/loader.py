@@ -15,9 +15,8 @@ costs the loop no round trip: the step is noted and travels with the next locati
 on its own a moment later (:mod:`mdata.trainer.consumption`). Loaders that share one Dask client ask
 together, and the scheduler then pushes them the later steps' locations (:mod:`mdata.trainer.location_hub`).
 A rank fed by broadcast (``Plan.broadcast_at``) costs the scheduler nothing per step when its
-client (its host, with the host agent) holds a receiving rank of the job: it takes each step's
-checkpoint from the locations those got, and its consumption, which the Planner does not wait
-for, is not told (:mod:`mdata.trainer.fed_steps`).
+client holds a receiving rank: it takes each step's checkpoint from the locations those got,
+and tells no consumption, which the Planner does not wait for (:mod:`mdata.trainer.fed_wait`).
 
 Each Loader leases its rank (one rank, one Loader) and joins a *generation* of the job: a
 Loader that brings a checkpoint for a job that runs already rewinds the job to it, and every rank
@@ -46,6 +45,7 @@ from mdata.trainer.registration import register_plan
 from mdata.trainer.patience import Patience
 from mdata.trainer.scheduler_loss import detach_quietly
 from mdata.trainer.environment import default_device, rank_from_env, world_size_mismatch
+from mdata.trainer.fed_wait import fed_checkpoint
 from mdata.trainer.fetch import BatchMoved, fetch_slice
 from mdata.trainer.job_wait import wait_for_job
 from mdata.trainer.location_hub import LocationHub, hub_for, release as release_hub
@@ -351,37 +351,11 @@ class Loader:
                     f"{self.timeout:.0f}s; check the Planner's dashboard for a stalled source pool"
                 )
 
-    def _fed_checkpoint(self, step: int) -> Any:
-        """The checkpoint of ``step`` for a rank fed by broadcast (once the step's batch is
-        built): from the locations its hub got for its receiving ranks, so the rank sends the
-        scheduler nothing per step; asked for (without subscribing to pushes) only when none of
-        them brought it within a poll, the hub has no receiving rank, or the job was reset
-        (:mod:`mdata.trainer.fed_steps`). Its consumption is never told: the Planner does not
-        wait for it (``PlannerState.receivers``)."""
-        wait = self._patience.begin()
-        while True:
-            if self._stop.is_set():  # closing: no new wait
-                raise TrainerError("loader closed")
-            poll = self._patience.poll_s(wait, self.poll_interval)
-            checkpoint = self._hub.fed_checkpoint(step, self._generation, poll, self._stop)
-            if checkpoint is not None:
-                return checkpoint
-            if self._stop.is_set():
-                raise TrainerError("loader closed")
-            asked = time.monotonic()
-            reply = self._hub.ask_fed(step, poll, LocationAsk(
-                rank=self.rank, token=self._token, generation=self._generation), self._stop)
-            if reply.status is Status.OK:
-                self.locate_seconds.append(time.monotonic() - asked)
-                return reply.location.checkpoint
-            if reply.status is Status.FAILED:
-                raise reply.failure(f"rank {self.rank}, step {step}")
-            if not self._patience.keep_waiting(wait, step):
-                raise TrainerTimeoutError(
-                    f"rank {self.rank} (fed by broadcast from rank {self.broadcast_source}): "
-                    f"step {step} was not ready within {self.timeout:.0f}s; check the Planner's "
-                    "dashboard for a stalled source pool"
-                )
+    def _fed_checkpoint(self, step: int) -> Any:  # a rank fed by broadcast: mdata.trainer.fed_wait
+        ask = LocationAsk(rank=self.rank, token=self._token, generation=self._generation)
+        return fed_checkpoint(self._hub, self._patience, self._stop, step=step, ask=ask,
+                              poll_interval=self.poll_interval, timeout=self.timeout,
+                              source=self.broadcast_source, locate_seconds=self.locate_seconds)
 
     # -- checkpointing ---------------------------------------------------------------------------
     def state_dict(self) -> dict:
