@@ -91,19 +91,20 @@ class AgentHub:
     def ask_fed(self, step: int, poll: float, ask: LocationAsk,
                 stop: threading.Event | None = None) -> BatchLocationReply:
         """:meth:`LocationHub.ask_fed`, gathered with the host's other fed ranks by the agent."""
-        try:
-            raw = self._call("agent_ask_fed", step=int(step), poll=float(poll), ask=ask.to_msg())
-        except AgentLost:
-            return self.direct().ask_fed(step, poll, ask, stop)
-        return BatchLocationReply.from_msg(raw)
+        return self._gathered("ask_fed", step, poll, ask, stop)
 
     def locate(self, step: int, poll: float, ask: LocationAsk,
                stop: threading.Event | None = None) -> BatchLocationReply:
         """:meth:`LocationHub.locate`, gathered with the host's other ranks by the agent."""
+        return self._gathered("locate", step, poll, ask, stop)
+
+    def _gathered(self, method: str, step: int, poll: float, ask: LocationAsk,
+                  stop: threading.Event | None) -> BatchLocationReply:
+        """The agent's ``agent_<method>``; the client's own hub's ``method`` if the agent is lost."""
         try:
-            raw = self._call("agent_locate", step=int(step), poll=float(poll), ask=ask.to_msg())
+            raw = self._call(f"agent_{method}", step=int(step), poll=float(poll), ask=ask.to_msg())
         except AgentLost:
-            return self.direct().locate(step, poll, ask, stop)
+            return getattr(self.direct(), method)(step, poll, ask, stop)
         return BatchLocationReply.from_msg(raw)
 
     def pushed(self, step: int, rank: int, generation: int, wait_s: float,
