@@ -3,8 +3,11 @@
 A load task reads one chunk (a contiguous row range of one shard) through the worker's reader cache
 (one open reader per source shard per worker process, never one per trainer rank), applies the
 source's sample transform and keeps the resulting columnar ``SampleChunk`` in worker memory as the
-task's result. The Planner receives only a small summary (sample ids and cost features), never the
-payload. Constructors later pull exactly the rows they need through :func:`take_rows_handler`.
+task's result, each sample's token ids and pixels compressed on their own (a ``PackedChunk``,
+``mdata.sources.pack-held``): a chunk stays held until its shuffle window is drawn, which at
+hundreds of sources is most of a loader's memory. The Planner receives only a small summary
+(sample ids and cost features), never the payload. Constructors later pull exactly the rows they
+need through :func:`take_rows_handler`, decompressed (the same bytes the chunk was loaded with).
 
 Where this runs and how a step flows through it: docs/dev/architecture.md.
 """
@@ -21,6 +24,7 @@ from mdata.errors import MdataError, PlanError, SourceError, UntrustedSourceErro
 # Light modules only: the readers (pyarrow, fsspec) are imported by the first load or listing, so
 # the scheduler and constructors, which import this module for its names, never load them.
 from mdata.sources.chunk import SampleChunk
+from mdata.sources.packed import PackedChunk
 from mdata.sources.spec import Source
 from mdata.sources.waits import storage_waits, storage_waits_begun
 from mdata.spec import SourceSpec
@@ -68,11 +72,13 @@ def _portable(exc: BaseException, source: str) -> BaseException:
 
 
 def load_chunk_task(source: Source | SourceSpec, shard: int, start: int, stop: int,
-                    listing: tuple[str, str, int] | None = None) -> SampleChunk:
-    """Dask task body: read and transform rows ``[start, stop)`` of one shard of ``source``.
+                    listing: tuple[str, str, int] | None = None) -> SampleChunk | PackedChunk:
+    """Dask task body: read and transform rows ``[start, stop)`` of one shard of ``source``;
+    packed (:class:`PackedChunk`) unless ``mdata.sources.pack-held`` is off.
 
     ``listing`` is ``(digest of the job's listing, the shard's name, its rows)``: this process
     lists the source again when its own listing is another (shards appended since it listed)."""
+    from mdata import config
     from mdata.sources.cache import default_reader_cache
     from mdata.sources.load import load_chunk
 
@@ -87,8 +93,9 @@ def load_chunk_task(source: Source | SourceSpec, shard: int, start: int, stop: i
         if portable is exc:
             raise
         raise portable from None
-    chunk.load_seconds = time.perf_counter() - began  # measured cost, feeds pool sizing
-    return chunk
+    held: SampleChunk | PackedChunk = PackedChunk.pack(chunk) if config.get("sources.pack-held") else chunk
+    held.load_seconds = time.perf_counter() - began  # measured cost (packing too), feeds pool sizing
+    return held
 
 
 def list_shards_task(source: Source | SourceSpec) -> dict[str, Any]:
@@ -142,7 +149,7 @@ def _worker_address() -> str:
         return "(not in a Dask worker)"
 
 
-def chunk_summary_task(chunk: SampleChunk) -> dict[str, Any]:
+def chunk_summary_task(chunk: SampleChunk | PackedChunk) -> dict[str, Any]:
     """Dask task body: the lineage and cost summary the Planner needs; runs where the chunk lives."""
     return {
         "rows": np.asarray(chunk.rows, dtype=np.int64),
@@ -168,7 +175,7 @@ def make_take_rows_handler(worker):
             chunk = worker.data[req.key]
         except KeyError:
             return TakeRowsReply(Status.MISSING, req.key)
-        if not isinstance(chunk, SampleChunk):
+        if not isinstance(chunk, (SampleChunk, PackedChunk)):
             raise InvalidRequestError(f"mdata_take_rows: {req.key!r} is not a loaded chunk")
         indices = np.asarray(req.indices, dtype=np.int64)
         if indices.size and (indices.min() < 0 or indices.max() >= len(chunk)):

@@ -1,0 +1,112 @@
+"""PackedChunk: what a loader holds gives back exactly what the decoded chunk would.
+
+A loader keeps a chunk until its shuffle window is drawn; packed, each sample's token ids and
+pixels are compressed on their own. Every take must equal ``SampleChunk.take`` of the decoded
+chunk, field by field, dtype and bytes: the samples delivered may not change."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+
+from mdata.sources import SampleChunk, SkippedSample, load_chunk
+from mdata.sources.packed import MIN_PACK_BYTES, PackedChunk, PackedRows
+
+FIELDS = ("source", "shard", "rows", "token_ids", "token_offsets", "num_tokens", "num_patches",
+          "pixels", "pixel_offsets", "image_shapes")
+
+
+def assert_same(got: SampleChunk, want: SampleChunk) -> None:
+    for name in FIELDS:
+        a, b = getattr(got, name), getattr(want, name)
+        if isinstance(b, np.ndarray):
+            assert isinstance(a, np.ndarray) and a.dtype == b.dtype and a.shape == b.shape, name
+            assert np.array_equal(a, b), name
+        else:
+            assert a == b, name
+
+
+def photo_like(h: int, w: int, seed: int) -> np.ndarray:
+    """Smooth gradients plus noise: compresses like a photo, not like a flat colour."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:h, 0:w]
+    base = np.stack([(x * 3 + y) % 256, (y * 2) % 256, (x + y * 5) % 256], axis=-1)
+    return (base + rng.integers(0, 8, (h, w, 3))).astype(np.uint8)
+
+
+def mixed_chunk() -> SampleChunk:
+    rng = np.random.default_rng(1)
+    lengths = [0, 3, 40, 900, 5, 2000]  # empty, tiny (kept raw), long (compressed)
+    tokens = [rng.integers(0, 100_277, n).astype(np.int32) for n in lengths]
+    tokens[3][:] = np.tile(rng.integers(0, 50, 30), 30)  # repetitive: compresses well
+    images = [photo_like(16 * (1 + i % 3), 16 * (1 + i % 2), i) for i in range(len(lengths))]
+    return SampleChunk.from_samples("img", 3, [2, 4, 6, 8, 10, 12], tokens,
+                                    num_patches=[1, 2, 1, 3, 2, 4], images=images,
+                                    skipped=[SkippedSample(3, "ImageDecodeError: bad")])
+
+
+def test_every_take_equals_the_decoded_chunks_take():
+    chunk = mixed_chunk()
+    packed = PackedChunk.pack(chunk)
+    rng = np.random.default_rng(2)
+    for indices in ([], [0], [5, 0], [1, 1, 3], [-1, -6], rng.permutation(6), np.arange(6)):
+        assert_same(packed.take(indices), chunk.take(indices))
+    whole = packed.unpack()
+    assert_same(whole, chunk)
+    assert whole.skipped == chunk.skipped
+    assert packed.skipped == chunk.skipped and packed.rows is chunk.rows
+    assert packed.shell.token_ids.size == 0 and packed.shell.pixels.size == 0
+    with pytest.raises(IndexError):
+        packed.take([6])
+
+
+def test_text_only_and_empty_chunks():
+    text = SampleChunk.from_samples("web", 0, [0, 1, 2], [[1, 2, 3], list(range(500)), []])
+    packed = PackedChunk.pack(text)
+    assert packed.pixels is None and packed.take([2, 1]).pixels is None
+    assert_same(packed.take([2, 1, 0]), text.take([2, 1, 0]))
+    empty = SampleChunk.from_samples("web", 0, [], [])
+    assert_same(PackedChunk.pack(empty).take([]), empty.take([]))
+    assert len(PackedChunk.pack(empty)) == 0
+
+
+def test_it_holds_less_and_keeps_short_segments_raw():
+    chunk = mixed_chunk()
+    packed = PackedChunk.pack(chunk)
+    assert packed.nbytes < chunk.nbytes
+    tokens = packed.tokens
+    short = tokens.lengths * 4 < MIN_PACK_BYTES
+    assert not tokens.packed[short].any() and tokens.packed[3]
+    assert packed.pixels.row_bytes.tolist() == (chunk.image_shapes[:, 1] * 3).tolist()
+
+
+def test_up_filter_round_trips_every_byte_value():
+    rng = np.random.default_rng(3)
+    image = rng.integers(0, 256, (7, 5, 3), dtype=np.uint8)  # noise: wraps around 0 and 255
+    flat = image.reshape(-1)
+    rows = PackedRows.pack(flat, np.array([0, flat.size]), np.array([15]))
+    assert np.array_equal(rows.gather(np.array([0])), flat)
+
+
+def test_pickles_as_dask_moves_a_held_chunk():
+    chunk = mixed_chunk()
+    packed = pickle.loads(pickle.dumps(PackedChunk.pack(chunk)))
+    assert_same(packed.take([4, 1]), chunk.take([4, 1]))
+
+
+def test_real_sources_round_trip(example_corpus):
+    """Every kind of the example corpus (text, code, image captions), loaded as a loader does."""
+    from mdata.data.example import example_sources
+    from mdata.sources import list_shards
+
+    for source in example_sources(example_corpus):
+        if source.name == "videos":
+            continue  # decoding clips costs seconds here; the cluster test delivers them packed
+        rows = list_shards(source).shards[0].num_rows
+        chunk = load_chunk(source, 0, 0, min(rows, 16))
+        packed = PackedChunk.pack(chunk)
+        order = np.random.default_rng(4).permutation(len(chunk))
+        for part in np.array_split(order, 3):
+            assert_same(packed.take(part), chunk.take(part))
