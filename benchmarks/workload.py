@@ -146,7 +146,10 @@ def many_sources(n: int, corpus: Path | None = None, *, include_images: bool = T
     """
     if n < 1:
         raise ValueError(f"many_sources needs n >= 1, got {n}")
-    corpus = corpus_dir(corpus)
+    # A corpus passed in (a production re-write) is read as it is: building the example corpus
+    # there would replace it by the small example corpus whenever mdata's CORPUS_VERSION moves on
+    # (on 2026-12-07 the bump to 3 turned the 64 MiB production corpus into the example corpus).
+    corpus = corpus_dir() if corpus is None else Path(corpus)
     bases = [s for s in example_sources(corpus, tokenizer=TOKENIZER)
              if include_images or s.transform.__class__.__name__ != "DecodeImageCaption"]
     per_source = [[(src, p) for p in sorted(Path(src.url).parent.glob(Path(src.url).name))]
