@@ -26,14 +26,61 @@ from mdata.sources.transforms import (ChunkContext, SampleOutput, SampleTransfor
                                       _finish_tokens, _positive_int, _texts, _Tokenizing)
 from mdata.sources.video import VideoLimits, VideoProblem, decode_clip, pyav, sample_seed
 
-__all__ = ["DecodeVideoCaption"]
+__all__ = ["ClipSampling", "DecodeVideoCaption", "check_clip_args"]
 
 #: Frames a clip window samples when neither ``num_frames`` nor ``fps`` is given.
 DEFAULT_FRAMES = 8
 
 
+class ClipSampling:
+    """What every clip transform derives from its clip arguments (``patch_size``, ``frame_size``,
+    ``max_bytes``, ``max_seconds``, ``max_pixels``, ``max_frames``): the decoder's bounds and the
+    patches of one frame. Shared by :class:`DecodeVideoCaption` and the interleaved documents'
+    transform (:mod:`mdata.sources.video_document`), so both read clips the same way."""
+
+    @property
+    def limits(self) -> VideoLimits:
+        """The clip bounds, as the decoder checks them."""
+        return VideoLimits(self.max_bytes, float(self.max_seconds), self.max_pixels, self.max_frames)
+
+    @property
+    def patches_per_frame(self) -> int:
+        return (self.frame_size[0] // self.patch_size) * (self.frame_size[1] // self.patch_size)
+
+
+def check_clip_args(owner: str, t: Any) -> None:
+    """Check (and normalise, on the frozen dataclass ``t``) the clip arguments of a clip transform:
+    sizes, frame sampling (``num_frames`` or ``fps``; 8 frames when neither), bounds and seed."""
+    for arg in ("patch_size", "max_bytes", "max_pixels", "max_frames", "decode_threads"):
+        _positive_int(owner, arg, getattr(t, arg))
+    size = tuple(t.frame_size) if isinstance(t.frame_size, (tuple, list)) else ()
+    if len(size) != 2 or any(isinstance(s, bool) or not isinstance(s, int) or s < 1
+                             or s % t.patch_size for s in size):
+        raise TransformConfigError(
+            f"{owner}: frame_size must be (height, width), positive multiples of "
+            f"patch_size={t.patch_size}, got {t.frame_size!r}")
+    object.__setattr__(t, "frame_size", size)
+    if t.num_frames is not None and t.fps is not None:
+        raise TransformConfigError(f"{owner}: give num_frames or fps, not both "
+                                   f"(got num_frames={t.num_frames!r}, fps={t.fps!r})")
+    if t.num_frames is None and t.fps is None:
+        object.__setattr__(t, "num_frames", DEFAULT_FRAMES)
+    if t.num_frames is not None:
+        _positive_int(owner, "num_frames", t.num_frames)
+    for arg in ("fps", "clip_seconds"):
+        value = getattr(t, arg)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not value > 0):
+            raise TransformConfigError(f"{owner}: {arg} must be a positive number or None, got {value!r}")
+    if isinstance(t.max_seconds, bool) or not isinstance(t.max_seconds, (int, float)) \
+            or not t.max_seconds > 0:
+        raise TransformConfigError(f"{owner}: max_seconds must be a positive number, got {t.max_seconds!r}")
+    if not isinstance(t.seed, int) or isinstance(t.seed, bool):
+        raise TransformConfigError(f"{owner}: seed must be an int, got {t.seed!r}")
+
+
 @dataclass(frozen=True)
-class DecodeVideoCaption(_Tokenizing, SampleTransform):
+class DecodeVideoCaption(ClipSampling, _Tokenizing, SampleTransform):
     """Decode a clip window's frames and tokenize its caption: one video-text sample per row.
 
     Args:
@@ -74,42 +121,8 @@ class DecodeVideoCaption(_Tokenizing, SampleTransform):
     def __post_init__(self) -> None:
         owner = "DecodeVideoCaption"
         _check_media_caption(owner, "video_field", self.video_field, self.caption_field)
-        for arg in ("patch_size", "max_bytes", "max_pixels", "max_frames", "decode_threads"):
-            _positive_int(owner, arg, getattr(self, arg))
-        size = tuple(self.frame_size) if isinstance(self.frame_size, (tuple, list)) else ()
-        if len(size) != 2 or any(isinstance(s, bool) or not isinstance(s, int) or s < 1
-                                 or s % self.patch_size for s in size):
-            raise TransformConfigError(
-                f"{owner}: frame_size must be (height, width), positive multiples of "
-                f"patch_size={self.patch_size}, got {self.frame_size!r}")
-        object.__setattr__(self, "frame_size", size)
-        if self.num_frames is not None and self.fps is not None:
-            raise TransformConfigError(f"{owner}: give num_frames or fps, not both "
-                                       f"(got num_frames={self.num_frames!r}, fps={self.fps!r})")
-        if self.num_frames is None and self.fps is None:
-            object.__setattr__(self, "num_frames", DEFAULT_FRAMES)
-        if self.num_frames is not None:
-            _positive_int(owner, "num_frames", self.num_frames)
-        for arg in ("fps", "clip_seconds"):
-            value = getattr(self, arg)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                      or not value > 0):
-                raise TransformConfigError(f"{owner}: {arg} must be a positive number or None, got {value!r}")
-        if isinstance(self.max_seconds, bool) or not isinstance(self.max_seconds, (int, float)) \
-                or not self.max_seconds > 0:
-            raise TransformConfigError(f"{owner}: max_seconds must be a positive number, got {self.max_seconds!r}")
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
-            raise TransformConfigError(f"{owner}: seed must be an int, got {self.seed!r}")
+        check_clip_args(owner, self)
         _check_tokenizer_args(owner, self.tokenizer, self.max_caption_tokens, self.num_threads)
-
-    @property
-    def limits(self) -> VideoLimits:
-        """The clip bounds, as the decoder checks them."""
-        return VideoLimits(self.max_bytes, float(self.max_seconds), self.max_pixels, self.max_frames)
-
-    @property
-    def patches_per_frame(self) -> int:
-        return (self.frame_size[0] // self.patch_size) * (self.frame_size[1] // self.patch_size)
 
     def required_fields(self) -> Mapping[str, FieldKind]:
         return {self.video_field: FieldKind.BYTES, self.caption_field: FieldKind.TEXT}
