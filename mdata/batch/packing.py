@@ -2,7 +2,8 @@
 
 :func:`build_dp_batch` checks the Planner's assignment against the rows actually pulled (a mismatch
 fails loudly instead of training on the wrong rows), then packs each micro-batch: documents in
-position order, truncated, image placeholders before captions, shifted labels, per-document
+position order, truncated, image placeholders before captions (or, in interleaved documents, each
+clip's at its place: :mod:`mdata.batch.documents`), shifted labels, per-document
 position ids and, with context parallelism, per-document padding for the zigzag split.
 """
 
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from mdata.batch.batches import DPBatch
+from mdata.batch.documents import lay_out_document
 from mdata.batch.micro import FieldValue, MicroBatch
 from mdata.errors import BatchError
 
@@ -256,18 +258,21 @@ def _pack_micro_batch(
         start, length, patches = int(cu[d]), int(real[d]), int(num_patches[j])
         lo, hi = int(piece.token_offsets[row]), int(piece.token_offsets[row + 1])
         text = np.asarray(piece.token_ids[lo:hi])[: length - patches]
-        doc = input_ids[start : start + length]
-        if patches:
-            doc[:patches] = image_token_id
-        doc[patches:] = text
-        target = labels[start : start + length]
-        target[: length - 1] = doc[1:]
-        target[: max(patches - 1, 0)] = ignore_index  # targets that are image placeholders
-        if patches:
+        media = lay_out_document(
+            input_ids[start : start + length], labels[start : start + length], text,
+            piece.media_spans(row), patches, image_token_id, ignore_index)
+        if media:
             po = piece.pixel_offsets
-            pixels.append(np.asarray(piece.pixels[int(po[row]) : int(po[row + 1])], np.uint8))
-            shapes.append(np.asarray(piece.image_shapes[row], dtype=np.int32))
-            counts.append(patches)
+            image = np.asarray(piece.pixels[int(po[row]) : int(po[row + 1])], np.uint8)
+            shape = np.asarray(piece.image_shapes[row], dtype=np.int32)
+            row_bytes = int(shape[1]) * int(shape[2])
+            first = 0
+            for rows, count in media:  # each medium an image of its own: its rows of the stack
+                rows = int(shape[0]) if rows < 0 else rows
+                pixels.append(image[first * row_bytes : (first + rows) * row_bytes])
+                shapes.append(np.array([rows, shape[1], shape[2]], dtype=np.int32))
+                counts.append(count)
+                first += rows
 
     fields: dict[str, FieldValue] = {
         "input_ids": input_ids,

@@ -58,6 +58,10 @@ class SampleChunk:
         pixels: uint8[sum of h*w*3] or None, every sample's RGB image, flattened and concatenated.
         pixel_offsets: int64[n + 1] or None, like ``token_offsets`` for ``pixels``.
         image_shapes: int32[n, 3] or None, ``(height, width, 3)`` of each image.
+        span_offsets: int64[n + 1] or None: sample ``i``'s media spans are
+            ``spans[span_offsets[i]:span_offsets[i + 1]]``; set for interleaved documents only.
+        spans: int32[m, 3] or None, ``(at, patches, rows)`` of each medium of each sample, in order
+            (:mod:`mdata.sources.spans`): where its placeholders go, and its rows of the image.
         skipped: the rows dropped under the skip tolerance, with their reasons.
         load_seconds: wall time the load task took (set by :func:`load_chunk`); feeds pool sizing.
     """
@@ -73,6 +77,8 @@ class SampleChunk:
     pixel_offsets: np.ndarray | None = None
     image_shapes: np.ndarray | None = None
     skipped: tuple[SkippedSample, ...] = ()
+    span_offsets: np.ndarray | None = None
+    spans: np.ndarray | None = None
     load_seconds: float = field(default=0.0)
 
     def __post_init__(self) -> None:
@@ -100,8 +106,24 @@ class SampleChunk:
                 )
             elif self.pixel_offsets[-1] != len(self.pixels):
                 problems.append("pixel_offsets does not end at len(pixels)")
+        problems += self._span_problems(n)
         if problems:
             raise ValueError(f"inconsistent SampleChunk for {self.source}/{self.shard}: " + "; ".join(problems))
+
+    def _span_problems(self, n: int) -> list[str]:
+        if self.spans is None and self.span_offsets is None:
+            return []
+        if self.spans is None or self.span_offsets is None or self.pixels is None:
+            return ["spans and span_offsets must be both set (with pixels) or both None"]
+        if self.span_offsets.shape != (n + 1,) or self.spans.ndim != 2 or self.spans.shape[1:] != (3,) \
+                or self.span_offsets[-1] != len(self.spans):
+            return [f"span_offsets {self.span_offsets.shape} / spans {self.spans.shape} do not match {n} rows"]
+        summed = np.zeros(len(self.spans) + 1, dtype=np.int64)
+        np.cumsum(self.spans[:, 1], out=summed[1:])
+        per_sample = summed[self.span_offsets[1:]] - summed[self.span_offsets[:-1]]
+        if not np.array_equal(per_sample, self.num_patches):
+            return ["the spans' patches do not add up to num_patches"]
+        return []
 
     # -- construction --------------------------------------------------------------------------
     @classmethod
@@ -115,11 +137,13 @@ class SampleChunk:
         num_patches: Sequence[int] | np.ndarray | None = None,
         images: Sequence[np.ndarray] | None = None,
         skipped: Sequence[SkippedSample] = (),
+        spans: Sequence[np.ndarray | None] | None = None,
     ) -> "SampleChunk":
         """Build a chunk from per-sample token lists (and optionally ``(h, w, 3)`` uint8 images).
 
         ``num_tokens`` is derived as ``len(tokens[i]) + num_patches[i]``, so the cost feature can
-        never disagree with the data.
+        never disagree with the data. ``spans`` (with ``images``) gives each sample's media spans;
+        a None entry is one medium before the text (or none, for a sample without patches).
         """
         n = len(rows)
         lengths = np.fromiter((len(t) for t in tokens), dtype=np.int64, count=n)
@@ -146,6 +170,15 @@ class SampleChunk:
             pixels = np.empty(int(pixel_offsets[-1]), dtype=np.uint8)
             for i, im in enumerate(images):
                 pixels[pixel_offsets[i] : pixel_offsets[i + 1]] = im.reshape(-1)
+        span_offsets = span_rows = None
+        if spans is not None:
+            if images is None:
+                raise ValueError(f"SampleChunk {source}/{shard}: spans need images")
+            each = [np.asarray(sp, dtype=np.int32).reshape(-1, 3) if sp is not None
+                    else np.array([[0, patches[i], shapes[i][0]]] if patches[i] else [], np.int32).reshape(-1, 3)
+                    for i, sp in enumerate(spans)]
+            span_offsets = _offsets(np.array([len(sp) for sp in each], dtype=np.int64))
+            span_rows = np.concatenate(each) if each else np.zeros((0, 3), np.int32)
         return cls(
             source=source,
             shard=shard,
@@ -158,6 +191,8 @@ class SampleChunk:
             pixel_offsets=pixel_offsets,
             image_shapes=shapes,
             skipped=tuple(skipped),
+            span_offsets=span_offsets,
+            spans=span_rows,
         )
 
     # -- access --------------------------------------------------------------------------------
@@ -193,6 +228,10 @@ class SampleChunk:
             pixels = _gather(self.pixels, self.pixel_offsets, idx)
             shapes = self.image_shapes[idx]
             pixel_offsets = _offsets(shapes.prod(axis=1, dtype=np.int64))
+        span_offsets = spans = None
+        if self.spans is not None:
+            spans = _gather(self.spans.reshape(-1), self.span_offsets * 3, idx).reshape(-1, 3)
+            span_offsets = _offsets(np.diff(self.span_offsets)[idx] if n else idx)
         return SampleChunk(
             source=self.source,
             shard=self.shard,
@@ -204,14 +243,23 @@ class SampleChunk:
             pixels=pixels,
             pixel_offsets=pixel_offsets,
             image_shapes=shapes,
+            span_offsets=span_offsets,
+            spans=spans,
         )
+
+    def media_spans(self, i: int) -> np.ndarray | None:
+        """The ``(at, patches, rows)`` spans of the ``i``-th sample, or None when the chunk has
+        none (each image sample is then one medium before its text)."""
+        if self.spans is None:
+            return None
+        return self.spans[self.span_offsets[i] : self.span_offsets[i + 1]]
 
     @property
     def nbytes(self) -> int:
         """Bytes held by the chunk's arrays (what Dask should count for memory management)."""
         arrays = (
             self.rows, self.token_ids, self.token_offsets, self.num_tokens, self.num_patches,
-            self.pixels, self.pixel_offsets, self.image_shapes,
+            self.pixels, self.pixel_offsets, self.image_shapes, self.span_offsets, self.spans,
         )
         return sum(a.nbytes for a in arrays if a is not None)
 

@@ -22,6 +22,7 @@ from mdata.errors import (
 from mdata.sources.chunk import SampleChunk, SkippedSample
 from mdata.sources.retry import naming_shard
 from mdata.sources.cache import ReaderCache, default_reader_cache
+from mdata.sources.spans import clamp_spans, span_problem
 from mdata.sources.spec import Source
 from mdata.sources.transforms import ChunkContext, SampleOutput
 
@@ -116,12 +117,33 @@ def load_chunk(
                     f"transform {transform!r} produced no (h, w, 3) uint8 image for a row",
                     source=source.name, shard=info.path, row=int(rows[i]),
                 )
+    spans = _document_spans(source, info.path, rows[kept], outputs, tokens, images)
     chunk = SampleChunk.from_samples(
-        source.name, shard, rows[kept], tokens, num_patches=patches, images=images,
+        source.name, shard, rows[kept], tokens, num_patches=patches, images=images, spans=spans,
         skipped=[SkippedSample(row=int(e.row), reason=f"{type(e).__name__}: {e.message}") for e in failures],
     )
     chunk.load_seconds = time.perf_counter() - began
     return chunk
+
+
+def _document_spans(source: Source, path: str, rows: np.ndarray, outputs: list[SampleOutput],
+                    tokens: list, images: list | None) -> list | None:
+    """The media spans of interleaved documents (None when no sample has any), checked against
+    each sample and cut to the text ``source.max_tokens`` kept (:mod:`mdata.sources.spans`)."""
+    if images is None or all(o.spans is None for o in outputs):
+        return None
+    out = []
+    for row, o, text, image in zip(rows, outputs, tokens, images):
+        if o.spans is None:
+            out.append(None)
+            continue
+        problem = span_problem(o.spans, text_tokens=len(o.tokens), num_patches=int(o.num_patches),
+                               image_rows=image.shape[0])
+        if problem is not None:
+            raise SourceError(f"transform {source.transform!r} returned bad media spans: {problem}",
+                              source=source.name, shard=path, row=int(row))
+        out.append(clamp_spans(np.asarray(o.spans, dtype=np.int32), len(text)))
+    return out
 
 
 def _enforce_tolerance(source: Source, path: str, n: int, failures: list[SampleError]) -> None:

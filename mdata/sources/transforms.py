@@ -76,12 +76,15 @@ class SampleOutput:
     """One transformed sample: its text tokens, and for image-text samples the resized image.
 
     ``num_patches`` is the number of image tokens the vision encoder will produce; the sample's
-    cost feature is ``len(tokens) + num_patches``.
+    cost feature is ``len(tokens) + num_patches``. ``spans`` places the media of an interleaved
+    document (several clips stacked in ``image``) in its text (:mod:`mdata.sources.spans`); None:
+    the image's tokens go before the text.
     """
 
     tokens: Sequence[int] | np.ndarray
     image: np.ndarray | None = None
     num_patches: int = 0
+    spans: np.ndarray | None = None
 
 
 TransformResult = list["SampleOutput | SampleError"]
