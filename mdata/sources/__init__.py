@@ -5,7 +5,8 @@
 - :func:`load_chunk` — one load task: read rows ``[start, stop)`` of one shard through the per-process
   :class:`ReaderCache`, transform them, return a columnar :class:`SampleChunk`.
 - Transforms — :class:`TokenizeText`, :class:`DecodeImageCaption`, :class:`DecodeVideoCaption`
-  (PyAV, the ``video`` extra), or a :class:`SampleTransform` subclass of your own.
+  and :class:`DecodeVideoDocument` (interleaved text and clips; PyAV, the ``video`` extra), or a
+  :class:`SampleTransform` subclass of your own.
 - Storage outages are waited out under a :class:`RetryPolicy` (``mdata.storage.*``);
   :func:`storage_waits` tells which sources of this process are waiting on storage right now,
   :func:`merge_storage_waits` merges the reports of several workers per source.
@@ -32,6 +33,7 @@ _HOMES = {
     "ChunkContext": "transforms", "DecodeImageCaption": "transforms", "SampleOutput": "transforms",
     "SampleTransform": "transforms", "TokenizeText": "transforms", "Transform": "transforms",
     "DecodeVideoCaption": "video_transform", "VideoFileReader": "readers",
+    "DecodeVideoDocument": "video_document",
     "StorageWait": "waits", "storage_waits": "waits", "storage_waits_begun": "waits",
     "SourceStorageWait": "wait_report", "describe_storage_wait": "wait_report",
     "merge_storage_waits": "wait_report",
@@ -50,6 +52,7 @@ if TYPE_CHECKING:
     from mdata.sources.transforms import (ChunkContext, DecodeImageCaption, SampleOutput,
                                           SampleTransform, TokenizeText, Transform)
     from mdata.sources.video_transform import DecodeVideoCaption
+    from mdata.sources.video_document import DecodeVideoDocument
     from mdata.sources.readers import VideoFileReader
     from mdata.sources.wait_report import SourceStorageWait, describe_storage_wait, merge_storage_waits
     from mdata.sources.waits import StorageWait, storage_waits, storage_waits_begun
@@ -71,6 +74,7 @@ __all__ = [
     "ChunkContext",
     "DecodeImageCaption",
     "DecodeVideoCaption",
+    "DecodeVideoDocument",
     "FieldKind",
     "Format",
     "JsonlShardReader",

@@ -45,6 +45,7 @@ __all__ = ["BUILTIN_TRANSFORMS", "DEFAULT_URL_PROTOCOLS", "WorkerTrust", "url_pr
 BUILTIN_TRANSFORMS = frozenset({
     "mdata.sources.transforms:TokenizeText", "mdata.sources.transforms:DecodeImageCaption",
     "mdata.sources.video_transform:DecodeVideoCaption",
+    "mdata.sources.video_document:DecodeVideoDocument",
 })
 #: What training data lives on: local and network filesystems, the three clouds' object stores,
 #: the Hugging Face Hub. Not http(s) (a plan could make every loader fetch internal endpoints, such

@@ -161,9 +161,9 @@ def test_the_defaults_are_the_documented_ones():
     trust = worker_trust()
     assert trust.protocols == DEFAULT_URL_PROTOCOLS and trust.modules == ()
     assert not trust.allow_local_credentials
-    from mdata.sources import transforms, video_transform
+    from mdata.sources import transforms, video_document, video_transform
 
-    mine = {f"{module.__name__}:{name}" for module in (transforms, video_transform)
+    mine = {f"{module.__name__}:{name}" for module in (transforms, video_transform, video_document)
             for name in module.__all__
             if isinstance(getattr(module, name), type)
             and issubclass(getattr(module, name), transforms.SampleTransform)
