@@ -171,10 +171,11 @@ class PackedChunk:
         if chunk.pixels is not None:
             row_bytes = chunk.image_shapes[:, 1].astype(np.int64) * chunk.image_shapes[:, 2]
             pixels = PackedRows.pack(chunk.pixels, chunk.pixel_offsets, row_bytes)
-            shell_pixels = dict(pixels=chunk.pixels[:0], pixel_offsets=np.zeros(n + 1, np.int64),
+            shell_pixels = dict(pixels=np.empty(0, chunk.pixels.dtype), pixel_offsets=np.zeros(n + 1, np.int64),
                                 image_shapes=np.zeros_like(chunk.image_shapes))
-        shell = replace(chunk, token_ids=chunk.token_ids[:0], token_offsets=np.zeros(n + 1, np.int64),
-                        **(shell_pixels or {}))
+        # new empty arrays, not ``[:0]`` views: a view would keep the decoded payload alive
+        shell = replace(chunk, token_ids=np.empty(0, chunk.token_ids.dtype),
+                        token_offsets=np.zeros(n + 1, np.int64), **(shell_pixels or {}))
         shell.load_seconds = chunk.load_seconds
         return cls(shell, PackedRows.pack(chunk.token_ids, chunk.token_offsets), pixels,
                    chunk.image_shapes)

@@ -58,6 +58,8 @@ def test_every_take_equals_the_decoded_chunks_take():
     assert whole.skipped == chunk.skipped
     assert packed.skipped == chunk.skipped and packed.rows is chunk.rows
     assert packed.shell.token_ids.size == 0 and packed.shell.pixels.size == 0
+    # the shell's empty payloads are arrays of their own: a view would keep the decoded ones alive
+    assert packed.shell.token_ids.base is None and packed.shell.pixels.base is None
     with pytest.raises(IndexError):
         packed.take([6])
 
