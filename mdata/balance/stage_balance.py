@@ -29,6 +29,7 @@ import numpy as np
 from mdata.balance.assignment import StepAssignment, assemble
 from mdata.balance.inputs import validate_step
 from mdata.balance.stage_lpt import lpt_by_stage
+from mdata.balance.stage_screen import least_swaps
 from mdata.balance.stages import order_by_stage, stage_lower_bound, stage_makespan, stage_times
 from mdata.balance.step import balance_step
 from mdata.errors import PlanError
@@ -183,37 +184,16 @@ def _refine(sc: np.ndarray, tokens: np.ndarray, rank: np.ndarray, mb: np.ndarray
             y = np.flatnonzero(rank == r2)
             if y.size == 0:
                 continue
-            sy, ty, by = sc[y], tokens[y], mb[y]
             # screened on each rank's busiest stage only (pairs x stages would be n^2 p)
-            b1, b2 = int(np.argmax(load1)), int(np.argmax(load2))
-            est = np.maximum(load1[b1] - sx[:, b1, None] + sy[None, :, b1],
-                             load2[b2] + sx[:, b2, None] - sy[None, :, b2])
-            grow = ty[None, :] - tx[:, None]
-            ok = (grow <= (cap - toks[r1, bx])[:, None]) & (-grow <= (cap - toks[r2, by])[None, :])
-            est = np.where(ok, est, np.inf)
-            flat = _least(est, _CHECKED)
-            est = est.ravel()
-            for f in flat[np.argsort(est[flat], kind="stable")].tolist():
-                a, b = divmod(f, y.size)
-                if np.isfinite(est[f]):
-                    screened.append((float(est[f]), r2, int(x[a]), int(y[b])))
+            a, b, est = least_swaps(load1, load2, sx, sc[y], tx, tokens[y], cap - toks[r1, bx],
+                                    cap - toks[r2, mb[y]], _CHECKED)
+            screened.extend(zip(est.tolist(), [r2] * est.size, x[a].tolist(), y[b].tolist()))
         if not screened:
             break
         screened.sort(key=lambda c: c[0])
         screened = screened[:_CHECKED]
-        new1 = np.repeat(times[r1][None], len(screened), axis=0)
-        new2 = np.empty_like(new1)
-        for c, (_, r2, i, j) in enumerate(screened):
-            new2[c] = times[r2]
-            new1[c, mb[i]] -= sc[i]
-            if j < 0:
-                new2[c, -1 - j] += sc[i]
-            else:
-                new2[c, mb[j]] += sc[i] - sc[j]
-                new1[c, mb[i]] += sc[j]
-        r2s = np.array([c[1] for c in screened])
-        span1 = stage_makespan(new1[:, order[r1]])
-        span2 = stage_makespan(new2[np.arange(len(screened))[:, None], order[r2s]])
+        _, r2s, ii, jj = (np.array(col) for col in zip(*screened))
+        span1, span2 = _checked(times, order, sc, mb, r1, r2s, ii, jj)
         value = np.maximum(span1, span2)
         c = int(np.argmin(value))
         if not value[c] < spans[r1] * (1 - 1e-9):
@@ -235,3 +215,22 @@ def _refine(sc: np.ndarray, tokens: np.ndarray, rank: np.ndarray, mb: np.ndarray
     order, spans = _ordered(times, order)
     where = np.argsort(order, axis=1)
     return rank, where[rank, mb], spans
+
+
+def _checked(times: np.ndarray, order: np.ndarray, sc: np.ndarray, mb: np.ndarray, r1: int,
+             r2s: np.ndarray, ii: np.ndarray, jj: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The exact makespans of ``r1`` and each partner ``r2s[c]`` after screened change ``c``:
+    sample ``ii[c]`` moves from ``r1`` to micro-batch ``-1 - jj[c]`` of ``r2s[c]`` (``jj < 0``) or
+    swaps with sample ``jj[c]``. All changes at once, the same additions as one at a time."""
+    rows = np.arange(ii.size)
+    swap = jj >= 0
+    new1 = np.repeat(times[r1][None], ii.size, axis=0)
+    new1[rows, mb[ii]] -= sc[ii]
+    new1[rows[swap], mb[ii[swap]]] += sc[jj[swap]]
+    new2 = times[r2s]
+    into = np.where(swap, mb[np.where(swap, jj, 0)], -1 - jj)
+    moved = sc[ii]
+    moved[swap] = moved[swap] - sc[jj[swap]]
+    new2[rows, into] += moved
+    return (stage_makespan(new1[:, order[r1]]),
+            stage_makespan(new2[rows[:, None], order[r2s]]))

@@ -183,3 +183,34 @@ def test_the_least_swaps_are_those_a_whole_partition_finds(shape, k) -> None:
     assert sorted(got.tolist()) == sorted(whole.tolist()) or (
         np.sort(flat[got]).tolist() == np.sort(flat[whole]).tolist())  # ties among the infs
     assert got.size == min(k, flat.size) and len(set(got.tolist())) == got.size
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_swap_screen_keeps_the_least_estimates_the_whole_grid_has(seed) -> None:
+    """``least_swaps`` estimates only a band of pairs when both ranks' busiest stage is the
+    same; it keeps the same estimates as every pair estimated (ties: the same values), and
+    never an infeasible swap. Costs drawn from few values, so many estimates are equal."""
+    from mdata.balance.stage_screen import least_swaps
+
+    rng = np.random.default_rng(seed)
+    nx, ny, p, k = int(rng.integers(1, 300)), int(rng.integers(1, 300)), 4, 64
+    sx = rng.integers(0, 20, (nx, p)).astype(float) * 1.5
+    sy = rng.integers(0, 20, (ny, p)).astype(float) * 1.5
+    tx, ty = rng.integers(1, 500, nx), rng.integers(1, 500, ny)
+    free1, free2 = rng.integers(0, 300, nx), rng.integers(0, 300, ny)
+    load1 = sx.sum(axis=0) + rng.random(p) * 10
+    load2 = sy.sum(axis=0) + rng.random(p) * 10
+    if seed % 2:  # the same busiest stage on both ranks (the band); else the whole grid
+        load1[1] += 1e4
+        load2[1] += 1e4
+    b1, b2 = int(np.argmax(load1)), int(np.argmax(load2))
+    est = np.maximum(load1[b1] - sx[:, b1, None] + sy[None, :, b1],
+                     load2[b2] + sx[:, b2, None] - sy[None, :, b2])
+    grow = ty[None, :] - tx[:, None]
+    ok = (grow <= free1[:, None]) & (-grow <= free2[None, :])
+    want = np.sort(est[ok])[:k]
+    a, b, got = least_swaps(load1, load2, sx, sy, tx, ty, free1, free2, k)
+    np.testing.assert_array_equal(got, want)
+    assert ok[a, b].all() and len(set(zip(a.tolist(), b.tolist()))) == a.size
+    np.testing.assert_array_equal(got, est[a, b])
+    assert np.all(np.diff(got) >= 0)
