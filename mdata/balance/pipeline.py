@@ -103,19 +103,20 @@ def one_f_one_b_makespan(costs: np.ndarray, stages: int) -> np.ndarray:
         return np.zeros(costs.shape[:-1])
     mb, fwd, prev, dep, last = _schedule(m, p)
     unit = costs / p
+    rows = np.ascontiguousarray(unit.reshape(-1, m).T)  # micro-batch-major
     if m * p >= _WAVES_FROM and unit.size * p <= _WAVES_UP_TO:  # few, long schedules: by waves
-        rows = np.ascontiguousarray(unit.reshape(-1, m).T)  # micro-batch-major
         return schedule_end(_shares(m, p)[:, None] * rows[mb], m, p).reshape(costs.shape[:-1])
-    dur_f, dur_b = _FORWARD * unit, (1.0 - _FORWARD) * unit
-    zero = np.zeros(costs.shape[:-1])
+    # an operation at a time over contiguous rows (strided views cost more at many schedules)
+    dur_f, dur_b = _FORWARD * rows, (1.0 - _FORWARD) * rows
+    zero = np.zeros(rows.shape[1])
     end: list[np.ndarray] = []
     for k in range(mb.size):
         i, a, b = int(mb[k]), int(prev[k]), int(dep[k])
         start = end[a] if a >= 0 else zero
         if b >= 0:
             start = np.maximum(start, end[b])
-        end.append(start + (dur_f[..., i] if fwd[k] else dur_b[..., i]))
-    return end[last]
+        end.append(start + (dur_f[i] if fwd[k] else dur_b[i]))
+    return end[last].reshape(costs.shape[:-1])
 
 
 @lru_cache(maxsize=256)

@@ -12,7 +12,8 @@ minimises the slowest DP rank's 1F1B makespan (:func:`~mdata.balance.stages.stag
    micro-batches are ordered by insertion on the per-stage makespan (or kept in the scalar
    balancer's order where that is faster), and the candidate with the fastest slowest rank wins.
 2. **Refinement.** Against the slowest rank, moves and swaps with the fastest few ranks,
-   screened on each rank's busiest stage (all pairs at once) and confirmed on the exact makespan
+   screened on each rank's busiest stage (the least estimates, found without estimating every
+   pair: :mod:`~mdata.balance.stage_screen`) and confirmed on the exact makespan
    of both ranks; one is applied while it lowers the larger of the two.
 
 The scalar candidate is one of the candidates, so the result is never slower under the stage
@@ -130,22 +131,6 @@ def balance_step_by_stage(num_tokens: np.ndarray, stage_costs: np.ndarray, *, dp
                           max_tokens=max_tokens, requested=requested,
                           algorithm=f"mdata balance (LPT + refinement{stage})")
     return StageAssignment(assignment, spans, stage_lower_bound(sc, dp), scalar_span)
-
-
-def _least(grid: np.ndarray, k: int) -> np.ndarray:
-    """Flat indices of the ``k`` least values of ``grid`` (rows x columns), as ``argpartition``
-    over the whole grid finds them, without partitioning it all: the ``k``-th least row
-    minimum bounds the ``k``-th least value (those rows' minima are ``k`` distinct values), so
-    only values up to it can be among them; usually a small share of a rank pair's swaps."""
-    flat = grid.ravel()
-    if flat.size <= k:
-        return np.arange(flat.size)
-    if grid.shape[0] > k:
-        bound = np.partition(grid.min(axis=1), k - 1)[k - 1]
-        near = np.flatnonzero(flat <= bound)
-        if near.size < flat.size:
-            return near[np.argpartition(flat[near], k)[:k]] if near.size > k else near
-    return np.argpartition(flat, k)[:k]
 
 
 def _refine(sc: np.ndarray, tokens: np.ndarray, rank: np.ndarray, mb: np.ndarray, dp: int,

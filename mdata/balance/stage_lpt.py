@@ -16,6 +16,7 @@ of least load that has room, into its micro-batch that is least loaded on the bu
 from __future__ import annotations
 
 import heapq
+from operator import add
 
 import numpy as np
 
@@ -44,48 +45,59 @@ def lpt_by_stage(order: list[int], tokens: np.ndarray, stage_costs: np.ndarray, 
     # stage changes; popped until one has room (the scan's choice, ties to the lowest index)
     bins = [[(0.0, k) for k in range(m)] for _ in range(dp)] if m > _SCAN_UP_TO else None
     aside: list[tuple[float, int]] = []
+    sums = [sum(c) for c in sc]
+    # Each heap's entries are distinct (a rank, a micro-batch index), so popping the least and
+    # later pushing its new value is the same heap order as replacing it in place (heapreplace:
+    # one sift instead of two), which is what the common case does: the least has room.
     for i in order:
         t, c = tok[i], sc[i]
-        while True:
-            if not heap:
-                return None
-            load, r = heapq.heappop(heap)
-            if room[r] >= t:
-                break
-            parked.append((load, r))
-        for item in parked:
-            heapq.heappush(heap, item)
-        parked.clear()
+        r = heap[0][1] if heap else -1
+        if r >= 0 and room[r] >= t:
+            popped = False
+        else:
+            while True:
+                if not heap:
+                    return None
+                load, r = heapq.heappop(heap)
+                if room[r] >= t:
+                    break
+                parked.append((load, r))
+            for item in parked:
+                heapq.heappush(heap, item)
+            parked.clear()
+            popped = True
         bz, rr, ur, tr = busy[r], rows[r], used[r], totals[r]
         b = bottleneck[r]
         limit = cap - t
         k, least = -1, float("inf")
+        k_popped = False
         if bins is not None:
             heap_r = bins[r]
-            while True:
-                entry = heapq.heappop(heap_r)
-                if ur[entry[1]] <= limit:
-                    k = entry[1]
-                    break
-                aside.append(entry)
-            for entry in aside:
-                heapq.heappush(heap_r, entry)
-            aside.clear()
+            k = heap_r[0][1]
+            if ur[k] > limit:
+                k_popped = True
+                while True:
+                    entry = heapq.heappop(heap_r)
+                    if ur[entry[1]] <= limit:
+                        k = entry[1]
+                        break
+                    aside.append(entry)
+                for entry in aside:
+                    heapq.heappush(heap_r, entry)
+                aside.clear()
         else:
             for j in range(m):
                 if ur[j] <= limit and rr[j][b] < least:
                     k, least = j, rr[j][b]
-        row = rr[k]
-        for s in range(p):
-            row[s] += c[s]
-            bz[s] += c[s]
+        row = rr[k] = list(map(add, rr[k], c))  # the same sums as element by element
+        bz = busy[r] = list(map(add, bz, c))
         filled_least = ur[k] == cap - room[r]
         ur[k] += t
         if filled_least:
             room[r] = cap - min(ur)
-        tr[k] += sum(c)
+        tr[k] += sums[i]
         rank[i], mb[i] = r, k
-        nb = max(range(p), key=bz.__getitem__)
+        nb = bz.index(max(bz))  # the first busiest stage
         if nb != b:  # the busiest stage moved: every micro-batch's excess changes
             bottleneck[r] = nb
             excess[r] = max(x - y[nb] for x, y in zip(tr, rr))
@@ -95,6 +107,6 @@ def lpt_by_stage(order: list[int], tokens: np.ndarray, stage_costs: np.ndarray, 
         else:  # only micro-batch k's excess grew
             excess[r] = max(excess[r], tr[k] - row[b])
             if bins is not None:
-                heapq.heappush(bins[r], (row[b], k))
-        heapq.heappush(heap, (bz[nb] + excess[r], r))
+                (heapq.heappush if k_popped else heapq.heapreplace)(bins[r], (row[b], k))
+        (heapq.heappush if popped else heapq.heapreplace)(heap, (bz[nb] + excess[r], r))
     return np.asarray(rank, dtype=np.int64), np.asarray(mb, dtype=np.int64)

@@ -165,26 +165,6 @@ def test_balancing_by_stage_is_deterministic() -> None:
     np.testing.assert_array_equal(runs[0].assignment.micro_batch, runs[1].assignment.micro_batch)
 
 
-@pytest.mark.parametrize("shape, k", [((530, 530), 64), ((40, 900), 64), ((3, 5), 64), ((200, 1), 64),
-                                      ((100, 100), 1)])
-def test_the_least_swaps_are_those_a_whole_partition_finds(shape, k) -> None:
-    """The refinement's screen keeps the ``k`` least estimates of a rank pair's swaps; bounding
-    them by the ``k``-th least row minimum first finds the same ones (here no two are equal),
-    infeasible pairs (inf) included."""
-    from mdata.balance.stage_balance import _least
-
-    rng = np.random.default_rng(shape[0] * shape[1] + k)
-    grid = rng.random(shape) * 1e6
-    grid[rng.random(shape) < 0.2] = np.inf
-    grid[: shape[0] // 3] = np.inf  # whole rows without a feasible swap
-    got = _least(grid, k)
-    flat = grid.ravel()
-    whole = np.argpartition(flat, k)[:k] if flat.size > k else np.arange(flat.size)
-    assert sorted(got.tolist()) == sorted(whole.tolist()) or (
-        np.sort(flat[got]).tolist() == np.sort(flat[whole]).tolist())  # ties among the infs
-    assert got.size == min(k, flat.size) and len(set(got.tolist())) == got.size
-
-
 @pytest.mark.parametrize("seed", range(6))
 def test_the_swap_screen_keeps_the_least_estimates_the_whole_grid_has(seed) -> None:
     """``least_swaps`` estimates only a band of pairs when both ranks' busiest stage is the
