@@ -17,7 +17,9 @@ Layout of one micro-batch (the conventions every consumer relies on)
   num_tokens`` for every sample. Truncation cuts the caption's tail, never into the image run.
   The micro-batch carries the images' raw pixels concatenated (``pixels``, uint8, flat),
   ``image_shapes`` (int32 ``[k, 3]``, H x W x C) and ``image_token_counts`` (int32 ``[k]``), in
-  document order; the j-th run of placeholders belongs to the j-th image.
+  document order; the first ``image_token_counts[0]`` placeholders belong to image 0, and so on.
+  An interleaved document (:mod:`mdata.sources.spans`) puts each medium's placeholders at its
+  place in the text instead, and each of its media is an image of its own.
 * **Labels** are next-token targets, already shifted: ``labels[t] = input_ids[t + 1]`` inside a
   document. The last token of every document, padding, and every position whose target is an
   image placeholder get ``ignore_index`` (image tokens are inputs, never predictions).
