@@ -110,8 +110,9 @@ av = pytest.importorskip("av")
 from mdata.data.clips import plan_clips, render_clip  # noqa: E402
 from mdata.data.crops import decode_rgb  # noqa: E402
 from mdata.data.material import locate_material  # noqa: E402
-from mdata.errors import CorruptShardError, SampleError, VideoDecodeError, VideoLimitError  # noqa: E402
-from mdata.sources import ReaderCache, Source, load_chunk  # noqa: E402
+from mdata.errors import (CorruptShardError, SampleError, SourceError, VideoDecodeError,  # noqa: E402
+                          VideoLimitError)
+from mdata.sources import ReaderCache, SampleOutput, Source, load_chunk  # noqa: E402
 from mdata.sources.video import decode_clip  # noqa: E402
 from mdata.sources.video_document import DecodeVideoDocument, clip_seed  # noqa: E402
 from mdata.sources.video_meta import FeatureCache, load_cost_features  # noqa: E402
@@ -234,3 +235,32 @@ def test_a_truncated_document_keeps_every_clip_after_what_is_left_of_its_text(tm
     chunk = load_chunk(source, 0, 0, 1, cache=ReaderCache())
     assert len(chunk.tokens(0)) == 10 and chunk.num_tokens[0] == 2 * PER_CLIP + 10
     assert chunk.media_spans(0)[:, 0].tolist() == [len(ENCODING.encode_ordinary("one two three")), 10]
+
+
+def test_read_metadata_takes_a_documents_features_from_its_clips_headers(tmp_path, clips):
+    from mdata.metadata import read_metadata
+    from mdata.sources import video
+
+    url = _write(tmp_path, ["a<video>b<video>", "none", "<video>"], [clips[:2], [], clips[2:3]])
+    source = _source(url)
+    chunk = load_chunk(source, 0, 0, 3, cache=ReaderCache())
+    decodes = video.decoder_stats().decodes
+    (meta,) = read_metadata([source]).values()
+    assert video.decoder_stats().decodes == decodes  # no frame decoded for the features
+    assert np.concatenate(meta.num_tokens).tolist() == chunk.num_tokens.tolist()
+    assert np.concatenate(meta.num_patches).tolist() == [2 * PER_CLIP, 0, PER_CLIP]
+
+
+class _BadSpans(DecodeVideoDocument):
+    """Spans that put the second clip before the first: load_chunk must refuse them."""
+
+    def __call__(self, columns, *, context, **kwargs):
+        out = super().__call__(columns, context=context, **kwargs)
+        return [SampleOutput(o.tokens, o.image, o.num_patches, o.spans[::-1].copy()) for o in out]
+
+
+def test_spans_a_transform_gets_wrong_fail_the_chunk_naming_the_row(tmp_path, clips):
+    url = _write(tmp_path, ["a b c<video>d e f g h<video>"], [clips[:2]])
+    bad = Source("docs", url, transform=_BadSpans(frame_size=FRAME, num_frames=FRAMES, clip_seconds=1.0))
+    with pytest.raises(SourceError, match=r"row 0: .*bad media spans: span positions \[\d+, \d+\] must rise"):
+        load_chunk(bad, 0, 0, 1, cache=ReaderCache())
