@@ -37,7 +37,8 @@ import numpy as np
 from mdata.distribution import install_hint
 
 __all__ = ["ClipWindow", "DecoderStats", "VideoLimits", "VideoProblem", "clip_window",
-           "decode_clip", "decoder_stats", "frame_times", "pyav", "reset_decoder_peaks", "sample_seed"]
+           "decode_clip", "decoder_stats", "frame_times", "pyav", "record_held", "reset_decoder_peaks",
+           "sample_seed"]
 
 
 def pyav() -> Any:
@@ -171,6 +172,12 @@ def _opened(delta: int) -> None:
 def _held(nbytes: int) -> None:
     with _stats_lock:
         _stats["peak_bytes"] = max(_stats["peak_bytes"], int(nbytes))
+
+
+def record_held(nbytes: int) -> None:
+    """Count ``nbytes`` held by one sample's decodes together in :func:`decoder_stats`' peak: a
+    document's clips keep their frames while the next clip decodes, more than any one decode."""
+    _held(nbytes)
 
 
 def stream_duration(container: Any, stream: Any) -> float:

@@ -34,7 +34,7 @@ from mdata.sources.fields import FieldKind
 from mdata.sources.transforms import (ChunkContext, SampleOutput, SampleTransform, TransformResult,
                                       _check_field, _check_tokenizer_args, _encode_isolating,
                                       _finish_tokens, _positive_int, _texts, _Tokenizing)
-from mdata.sources.video import VideoProblem, decode_clip, pyav, sample_seed
+from mdata.sources.video import VideoProblem, decode_clip, pyav, record_held, sample_seed
 from mdata.sources.video_meta import frames_sampled, probe_clip
 from mdata.sources.video_transform import ClipSampling, check_clip_args
 
@@ -113,8 +113,9 @@ class DecodeVideoDocument(ClipSampling, _Tokenizing, SampleTransform):
                 except VideoProblem as exc:
                     raise _ClipProblem(k, len(clips), exc) from None
                 images.append(image)
-            height, width = self.frame_size
-            return np.concatenate(images) if images else np.zeros((0, width, 3), np.uint8)
+            held = sum(image.nbytes for image in images)
+            record_held(2 * held)  # every clip's frames, and the stack they are copied into
+            return np.concatenate(images) if images else np.zeros((0, self.frame_size[1], 3), np.uint8)
 
         return self._assemble(columns, context, decode)
 

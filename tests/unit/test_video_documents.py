@@ -264,3 +264,13 @@ def test_spans_a_transform_gets_wrong_fail_the_chunk_naming_the_row(tmp_path, cl
     bad = Source("docs", url, transform=_BadSpans(frame_size=FRAME, num_frames=FRAMES, clip_seconds=1.0))
     with pytest.raises(SourceError, match=r"row 0: .*bad media spans: span positions \[\d+, \d+\] must rise"):
         load_chunk(bad, 0, 0, 1, cache=ReaderCache())
+
+
+def test_the_decoder_memory_profile_counts_a_documents_clips_together(tmp_path, clips):
+    from mdata.sources import video
+
+    url = _write(tmp_path, ["<video><video><video>"], [clips[:3]])
+    video.reset_decoder_peaks()
+    chunk = load_chunk(_source(url, frame_size=(224, 224)), 0, 0, 1, cache=ReaderCache())  # frames dominate
+    # Three clips' frames are held at once, and copied into the sample's stacked image.
+    assert video.decoder_stats().peak_decode_bytes >= 2 * chunk.image(0).nbytes
