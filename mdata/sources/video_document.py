@@ -9,9 +9,10 @@ puts its clips before the text, as a captioned clip does.
 Each clip is read as :class:`~mdata.sources.video_transform.DecodeVideoCaption` reads one: the
 same bounds, a window drawn from the sample's seed *and the clip's index* (so resume is exact and
 two clips of one document do not share a window), frames resized to ``frame_size``. Before any
-frame is decoded, every clip's header is read (bytes, duration, pixels, frames sampled) and the
-document is checked against ``max_clips`` and ``max_total_frames``, so a document over a bound
-costs container opens, not decodes. A bound crossed or a clip that does not open is a
+frame is decoded, the document is checked against ``max_clips`` and ``max_total_frames``: from
+``num_frames`` alone when it is set (every clip samples that many), else from every clip's header
+(with ``fps`` a clip's frames follow its length); and each clip's own bounds (bytes, duration,
+pixels) are read from its header before it is decoded. A bound crossed or a clip that does not open is a
 :class:`~mdata.errors.VideoLimitError` / :class:`~mdata.errors.VideoDecodeError` (both
 ``CorruptShardError``) naming source, shard, row and the clip's index.
 
@@ -126,8 +127,10 @@ class DecodeVideoDocument(ClipSampling, _Tokenizing, SampleTransform):
         return self._assemble(columns, context, None)
 
     # -- the shared walk: headers and bounds, then tokens, then (when decoding) pixels ----------
-    def _frames(self, clips: list) -> list[int]:
-        """Frames each clip samples, from its header; every bound checked before any decode."""
+    def _frames(self, clips: list, decoding: bool) -> list[int]:
+        """Frames each clip samples, from its header; the document's bounds checked before any
+        decode. With ``num_frames`` every clip samples that many whatever its length, so a
+        decode need not open each clip twice: ``decode_clip`` checks its header bounds first."""
         if len(clips) > self.max_clips:
             raise _ClipProblem(self.max_clips, len(clips), VideoProblem(
                 f"the document holds {len(clips)} clips, over max_clips={self.max_clips}",
@@ -135,7 +138,11 @@ class DecodeVideoDocument(ClipSampling, _Tokenizing, SampleTransform):
         frames, total = [], 0
         for k, data in enumerate(clips):
             try:
-                frames.append(frames_sampled(probe_clip(data, self.limits), self))
+                if decoding and self.num_frames is not None:
+                    self.limits.check_frames(self.num_frames)
+                    frames.append(self.num_frames)
+                else:
+                    frames.append(frames_sampled(probe_clip(data, self.limits), self))
             except VideoProblem as exc:
                 raise _ClipProblem(k, len(clips), exc) from None
             total += frames[-1]
@@ -164,7 +171,7 @@ class DecodeVideoDocument(ClipSampling, _Tokenizing, SampleTransform):
                 elif len(segments) - 1 != len(clips):
                     raise ValueError(f"the text holds {len(segments) - 1} {self.marker!r} markers "
                                      f"for {len(clips)} clips")
-                found[i] = (segments, clips, self._frames(clips))
+                found[i] = (segments, clips, self._frames(clips, decode is not None))
             except _ClipProblem as exc:
                 errors[i] = exc.error(context, i)
             except ValueError as exc:

@@ -274,3 +274,26 @@ def test_the_decoder_memory_profile_counts_a_documents_clips_together(tmp_path, 
     chunk = load_chunk(_source(url, frame_size=(224, 224)), 0, 0, 1, cache=ReaderCache())  # frames dominate
     # Three clips' frames are held at once, and copied into the sample's stacked image.
     assert video.decoder_stats().peak_decode_bytes >= 2 * chunk.image(0).nbytes
+
+
+def test_with_fps_sampling_the_frame_total_comes_from_each_clips_length_before_any_decode(tmp_path, clips):
+    from mdata.sources import video
+
+    url = _write(tmp_path, ["a<video>b<video>c<video>"], [clips[:3]])
+    decodes = video.decoder_stats().decodes
+    with pytest.raises(VideoLimitError, match=r"row 0: clip 1 of 3: the document's clips sample 6 frames"):
+        load_chunk(_source(url, num_frames=None, fps=3.0, max_total_frames=5), 0, 0, 1, cache=ReaderCache())
+    assert video.decoder_stats().decodes == decodes  # refused from the headers: nothing decoded
+    chunk = load_chunk(_source(url, num_frames=None, fps=3.0), 0, 0, 1, cache=ReaderCache())
+    assert chunk.media_spans(0)[:, 2].tolist() == [3 * FRAME[0]] * 3  # 1 s windows at 3 fps
+
+
+def test_with_num_frames_a_decode_opens_each_clip_once(tmp_path, clips, monkeypatch):
+    import mdata.sources.video_document as video_document
+
+    def probe(*args, **kwargs):
+        raise AssertionError("a clip's header was read apart from its decode")
+
+    url = _write(tmp_path, ["a<video>b<video>"], [clips[:2]])
+    monkeypatch.setattr(video_document, "probe_clip", probe)
+    assert load_chunk(_source(url), 0, 0, 1, cache=ReaderCache()).num_patches.tolist() == [2 * PER_CLIP]
