@@ -297,3 +297,16 @@ def test_with_num_frames_a_decode_opens_each_clip_once(tmp_path, clips, monkeypa
     url = _write(tmp_path, ["a<video>b<video>"], [clips[:2]])
     monkeypatch.setattr(video_document, "probe_clip", probe)
     assert load_chunk(_source(url), 0, 0, 1, cache=ReaderCache()).num_patches.tolist() == [2 * PER_CLIP]
+
+
+def test_a_packed_documents_chunk_gives_back_each_samples_spans():
+    """Loaders hold chunks packed (mdata.sources.packed): what a constructor takes from one keeps
+    every document's spans, as from the chunk itself."""
+    from mdata.sources.packed import PackedChunk
+
+    chunk = _doc_chunk()
+    taken = PackedChunk.pack(chunk).take([2, 0, 1])
+    expected = chunk.take([2, 0, 1])
+    assert np.array_equal(taken.spans, expected.spans) and np.array_equal(taken.span_offsets, expected.span_offsets)
+    assert np.array_equal(taken.pixels, expected.pixels)
+    assert taken.media_spans(1).tolist() == [[1, 2, 4], [3, 1, 2]] and taken.media_spans(2).tolist() == [[0, 1, 2]]
