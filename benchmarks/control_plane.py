@@ -60,12 +60,18 @@ Figures (``control.*``):
   the protocol alone);
 * ``scheduler_cpu_ms_per_step_<n>_bcast_tp`` (the broadcast sweep's points),
   ``scheduler_cpu_us_per_rank_step_bcast_tp`` (its slope: what a rank fed by broadcast costs, its
-  hosts fixed), ``scheduler_cpu_us_per_host_step`` (what a host client adds: the broadcast
-  sweep's first point, ``FIXED_DP`` hosts of one rank, against the fixed-DP sweep's, the same
-  ranks on one host), ``scheduler_messages_per_step_bcast_tp`` (at the largest world) and
+  hosts fixed), ``scheduler_messages_per_step_bcast_tp`` (at the largest world) and
   ``max_ranks_at_1_step_per_s_bcast_tp``: the world at one step per second at TP
   ``RANKS_PER_GROUP`` under ``broadcast_at("tp")``, one host per TP group (per DP group: the
-  per-group cost, one receiving rank and one host; per other rank: the broadcast slope).
+  per-group cost, one receiving rank and one host; per other rank: the broadcast slope);
+* what a host costs, measured directly: ``scheduler_cpu_us_per_host_step`` (a world of DP = N,
+  TP 1, run with a host per rank and with every rank on one host, interleaved: the difference
+  over N - 1 hosts, median over the worlds), ``dask_request_floor_us`` (what one trivial Dask
+  request costs the same scheduler, :mod:`benchmarks.control_floor`), and both costs in that
+  unit: ``host_cost_in_requests`` (a host's push and tell per step) and
+  ``group_cost_in_requests_bcast_tp`` (a whole DP group at TP ``RANKS_PER_GROUP`` under
+  broadcast, a host per TP group). Counted in Dask's floor, the costs carry over to a machine
+  whose cores handle a message faster or slower than this one's.
 
 Nothing is compared with a baseline: a per-rank loader has no control plane. The goal lives in the
 figure's row: the scheduler's CPU per step must grow with DP groups, not with ranks.
@@ -84,6 +90,7 @@ from pathlib import Path
 
 from benchmarks.control_cluster import cluster as _cluster
 from benchmarks.control_consume import consume_us_per_rank
+from benchmarks.control_floor import request_floor_us
 from benchmarks.harness import figure
 
 __all__ = ["run", "sweep_point"]
@@ -363,6 +370,22 @@ def sweep_point(address: str, pid: int, sources, *, n: int, dp: int, steps: int,
             "full_gc_ms": 1000 * full_gc_s}
 
 
+def _host_pairs(address: str, pid: int, sources, ns: tuple[int, ...], steps: int) -> list[dict]:
+    """For each world ``n`` in ``ns`` (DP = N, TP 1): the scheduler's CPU per step with a host
+    (a client) per rank and with all ranks on one host, the two run back to back, in turns
+    first, so load on the machine hits both alike; their difference over ``n - 1`` hosts is what
+    a host adds per step (its push and its tell), its groups' and ranks' work cancelling out."""
+    pairs = []
+    for i, n in enumerate(ns):
+        layouts = (("apart", 1), ("together", MAX_RANKS_PER_HOST))
+        cpu = {name: sweep_point(address, pid, sources, n=n, dp=n, steps=steps, per_host=per,
+                                 job=f"control-hosts-{name}-{n}")["cpu_ms_per_step"]
+               for name, per in (layouts if i % 2 == 0 else layouts[::-1])}
+        pairs.append({"n": n, "apart_ms": cpu["apart"], "together_ms": cpu["together"],
+                      "per_host_ms": max(0.0, (cpu["apart"] - cpu["together"]) / max(1, n - 1))})
+    return pairs
+
+
 def _slope(points: list[tuple[float, float]]) -> tuple[float, float]:
     """Least-squares intercept and slope of ``(x, y)`` points."""
     xs, ys = zip(*points)
@@ -380,8 +403,10 @@ def run(quick: bool) -> dict:
     sources = example_sources(corpus)
     if quick:
         fixed, per_group, dp, steps = (8, 24), (8, 24), 8, WARMUP + 2
+        apart, floor_calls = (4,), 30
     else:
         fixed, per_group, dp, steps = (16, 64, 256, 1024), (16, 64, 256), FIXED_DP, 12
+        apart, floor_calls = (16, 32), 100
     with _cluster(corpus, constructors=1 if quick else 2) as (proc, address):
         points, polled = [], []  # pushed locations and long polls, point by point
         for n in fixed:
@@ -405,6 +430,11 @@ def run(quick: bool) -> dict:
         # the per-rank part alone, on the same scheduler (benchmarks.control_consume)
         consume = consume_us_per_rank(address, sources, ranks=fixed[-1], dp=dp,
                                       job=f"control-{fixed[-1]}-consume")
+        # what a host costs, measured directly: the same world (DP = N, TP 1) with every rank on
+        # a host of its own and with all of them on one, interleaved; and Dask's own floor for
+        # one request from as many hosts, on the same scheduler (benchmarks.control_floor)
+        hosts = _host_pairs(address, proc.pid, sources, apart, steps)
+        floor = request_floor_us(address, proc.pid, hosts=apart[-1], calls=floor_calls)
     base, per_rank = _slope([(p["n"], p["cpu_ms_per_step"]) for p in points])
     _, per_rank_and_group = _slope([(p["n"], p["cpu_ms_per_step"]) for p in group_points])
     per_group_ms = max(0.0, per_rank_and_group - per_rank)
@@ -420,11 +450,10 @@ def run(quick: bool) -> dict:
     # receivers and hosts are fixed: DP groups). A host's cost: the broadcast sweep's first
     # point (dp hosts of TP 1: nothing to broadcast) over the fixed-DP one (the same on 1 host)
     _, per_fed = _slope([(p["n"], p["cpu_ms_per_step"]) for p in bcast])
-    first = next(p for p in points if p["n"] == bcast[0]["n"])
-    per_host_ms = max(0.0, (bcast[0]["cpu_ms_per_step"] - first["cpu_ms_per_step"])
-                      / max(1, dp - math.ceil(first["n"] / MAX_RANKS_PER_HOST)))
-    per_rank_bcast = ((per_group_ms + max(0.0, per_rank) + per_host_ms) / RANKS_PER_GROUP
-                      + max(0.0, per_fed) * (RANKS_PER_GROUP - 1) / RANKS_PER_GROUP)
+    per_host_ms = statistics.median(h["per_host_ms"] for h in hosts)
+    group_bcast_ms = (per_group_ms + max(0.0, per_rank) + per_host_ms
+                      + max(0.0, per_fed) * (RANKS_PER_GROUP - 1))
+    per_rank_bcast = group_bcast_ms / RANKS_PER_GROUP
     max_ranks_bcast = (1000.0 - fixed_ms) / per_rank_bcast if per_rank_bcast > 0 else float("inf")
     top, top_poll, top_bcast = points[-1], polled[-1], bcast[-1]
     figures = {
@@ -481,7 +510,20 @@ def run(quick: bool) -> dict:
              f"group ({dp} hosts)")
     figures["control.scheduler_cpu_us_per_host_step"] = figure(
         1000 * per_host_ms, unit="us",
-        note=f"N={first['n']}: {dp} hosts of one rank against one host of {first['n']}, per host")
+        note="DP = N = " + ", ".join(f"{h['n']}: {h['apart_ms']:.1f} ms with a host per rank, "
+                                      f"{h['together_ms']:.1f} ms on one host" for h in hosts)
+             + "; per host, median")
+    floor_us = floor["us_per_request"]
+    figures["control.dask_request_floor_us"] = figure(
+        floor_us, unit="us", note=f"scheduler CPU per Dask echo request, {floor['hosts']} host "
+                                  f"clients x {floor['calls']}, net of their silent CPU")
+    figures["control.host_cost_in_requests"] = figure(
+        1000 * per_host_ms / floor_us if floor_us > 0 else float("nan"),
+        note="a host's cost per step in Dask's floor requests (one push and one tell per step)")
+    figures["control.group_cost_in_requests_bcast_tp"] = figure(
+        1000 * group_bcast_ms / floor_us if floor_us > 0 else float("nan"),
+        note=f"a DP group at TP {RANKS_PER_GROUP} under broadcast_at('tp'), a host per TP group "
+             "(its group, receiving rank, host and fed ranks), in Dask's floor requests per step")
     figures["control.max_ranks_at_1_step_per_s_bcast_tp"] = figure(
         max_ranks_bcast, goal=">= 16384 on one scheduler core",
         note=f"extrapolated at TP {RANKS_PER_GROUP} under broadcast_at('tp'), a host per TP group: "

@@ -84,7 +84,7 @@ def test_quick_run_reports_end_to_end_figures(tmp_path: Path) -> None:
 def test_quick_run_reports_control_plane_figures(tmp_path: Path) -> None:
     """``--only control --quick``: the real scheduler served real Loaders at two world sizes in
     each sweep, and the figures the scale docs quote are all there and physical."""
-    proc, figures = quick_benchmarks(tmp_path, "control", timeout=240)
+    proc, figures = quick_benchmarks(tmp_path, "control", timeout=330)
     assert figures["_not_measured"] == {}
     assert_quiet(proc)
     for n in (8, 24):
@@ -102,6 +102,11 @@ def test_quick_run_reports_control_plane_figures(tmp_path: Path) -> None:
     # the fixed-DP worlds under broadcast_at("tp") (TP 1 at 8 ranks: the fixed-DP point itself)
     assert figures["control.scheduler_cpu_ms_per_step_24_bcast_tp"] > 0
     assert figures["control.max_ranks_at_1_step_per_s_bcast_tp"] > 0
+    # what a host costs, measured directly, and in Dask's floor for one request
+    assert figures["control.scheduler_cpu_us_per_host_step"] >= 0
+    assert 0 < figures["control.dask_request_floor_us"] < 100_000
+    assert figures["control.host_cost_in_requests"] >= 0
+    assert figures["control.group_cost_in_requests_bcast_tp"] > 0
     # the ranks of a host share a client, so they asked where their batches are together
     assert figures["control.asks_per_request"] > 1
     assert figures["control.scheduler_cpu_ms_per_step_24_ranks_alone"] > 0
