@@ -189,8 +189,8 @@ def at_scale_figures(meta: Mapping[str, SourceMetadata], cost: Mapping[str, floa
             stall = float(np.mean([r["mdata"].get("control", 0.0) / r["mdata"]["steps"] for r in runs]))
             step = float(np.mean([r["mdata"]["step"] / r["mdata"]["steps"] for r in runs]))
             out[f"e2e.scheduler_s_per_step.{key}"] = figure(
-                control.seconds(setup.gpus, setup.dp), unit="s",
-                note=f"{setup.gpus} ranks, {setup.dp} DP groups; {control.describe()}")
+                control.step_seconds(setup.gpus, setup.dp, setup.tp, setup.node.gpus), unit="s",
+                note=f"{setup.gpus} GPUs, {setup.dp} DP groups, TP {setup.tp}; {control.describe()}")
             out[f"e2e.scheduler_stall_s_per_step.{key}"] = figure(
                 stall, unit="s", goal="0 (the scheduler keeps up)",
                 note=f"what mdata's step waited for its scheduler, of {step:.2f} s per step")

@@ -212,7 +212,8 @@ def _system(setup: Setup, pipes: list[dict], fixed: float, kind: str, cores: flo
         onset = max(onset, per_core / (makespan + fixed))
         if kind == "mdata" and setup.control is not None:  # the scheduler plans ahead, but a step
             # cannot come faster than its CPU per step: what it needs beyond the step is a stall
-            control = max(0.0, setup.control.seconds(setup.gpus, setup.dp) - (makespan + stall + fixed))
+            control = max(0.0, setup.control.step_seconds(setup.gpus, setup.dp, setup.tp, setup.node.gpus)
+                          - (makespan + stall + fixed))
             total["control"] = total.get("control", 0.0) + control
             stall += control
         for key, value in (("work", max(works)), ("mean_work", float(np.mean(works))),

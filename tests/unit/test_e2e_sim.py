@@ -135,6 +135,31 @@ def test_the_control_cost_is_fitted_from_a_runs_control_figures() -> None:
     assert fit.seconds(16384, 2048) == pytest.approx(13.6e-3 + 16384 * 400e-6 + 2048 * 2500e-6)
 
 
+def test_under_broadcast_the_scheduler_is_charged_per_receiver_node_and_fed_rank() -> None:
+    """With the broadcast deployment's figures in the run, a TP-4 job on 8-GPU nodes is charged
+    per receiving rank (a quarter of the GPUs), per DP group, per node and per fed rank; without
+    them, or at TP 1, every GPU as a receiving rank (more, in the baselines' favour)."""
+    from benchmarks.e2e_control import from_figures
+
+    figures = {"control.scheduler_cpu_us_per_rank_step": {"mdata": 100.0},
+               "control.scheduler_cpu_us_per_group_step": {"mdata": 200.0},
+               "control.scheduler_cpu_ms_per_step_16": {"mdata": 10.0},
+               "control.fixed_dp": 16}
+    every_rank = from_figures(figures)
+    assert not every_rank.broadcast
+    assert every_rank.step_seconds(8192, 128, 4, 8) == pytest.approx(every_rank.seconds(8192, 128))
+    deployed = from_figures({**figures,
+                             "control.scheduler_cpu_us_per_host_step": {"mdata": 500.0},
+                             "control.scheduler_cpu_us_per_rank_step_bcast_tp": {"mdata": -3.0}})
+    assert deployed.broadcast and deployed.per_fed_us == 0.0  # a negative slope charges nothing
+    fixed = deployed.fixed_ms * 1e-3
+    assert deployed.step_seconds(8192, 128, 4, 8) == pytest.approx(
+        fixed + 2048 * 100e-6 + 128 * 200e-6 + 1024 * 500e-6)
+    assert deployed.step_seconds(8192, 128, 4, 8) < every_rank.step_seconds(8192, 128, 4, 8)
+    assert deployed.step_seconds(1024, 1024, 1, 8) == pytest.approx(deployed.seconds(1024, 1024))
+    assert "us/node" in deployed.describe() and "every GPU" in every_rank.describe()
+
+
 def test_a_slope_lost_in_noise_is_charged_as_an_upper_bound() -> None:
     from benchmarks.e2e_control import from_figures
 
