@@ -25,6 +25,8 @@ and patch counts from the headers alone.
 
 from __future__ import annotations
 
+import base64
+import binascii
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Mapping, Sequence
 
@@ -204,12 +206,23 @@ class DecodeVideoDocument(ClipSampling, _Tokenizing, SampleTransform):
         return out
 
     def _clips(self, value: Any) -> list:
+        """A row's clips: a list of bytes (Parquet ``list<binary>``), or of base64 strings (JSON
+        has no bytes: a JSONL row's list arrives as it is written)."""
         if value is None:
             return []
         if isinstance(value, (bytes, bytearray, memoryview, str)) or not isinstance(value, Sequence):
             raise ValueError(f"field {self.videos_field!r} is a {type(value).__name__}, not a list of "
                              "clip bytes")
-        return list(value)
+        clips = list(value)
+        for k, clip in enumerate(clips):
+            if isinstance(clip, str):
+                try:
+                    clips[k] = base64.b64decode(clip, validate=True)
+                except binascii.Error as exc:
+                    raise _ClipProblem(k, len(clips), VideoProblem(
+                        f"the clip is a string that is not valid base64 ({exc})",
+                        "store clips as bytes, or as base64 strings in JSONL")) from None
+        return clips
 
 
 class _ClipProblem(Exception):

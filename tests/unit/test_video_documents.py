@@ -310,3 +310,20 @@ def test_a_packed_documents_chunk_gives_back_each_samples_spans():
     assert np.array_equal(taken.spans, expected.spans) and np.array_equal(taken.span_offsets, expected.span_offsets)
     assert np.array_equal(taken.pixels, expected.pixels)
     assert taken.media_spans(1).tolist() == [[1, 2, 4], [3, 1, 2]] and taken.media_spans(2).tolist() == [[0, 1, 2]]
+
+
+def test_jsonl_documents_hold_their_clips_as_base64_strings(tmp_path, clips):
+    import base64
+    import json
+
+    texts, videos = ["a<video>b<video>", "c"], [clips[:2], []]
+    path = tmp_path / "docs.jsonl"
+    path.write_text("".join(json.dumps({"text": t, "videos": [base64.b64encode(c).decode() for c in v]}) + "\n"
+                            for t, v in zip(texts, videos)))
+    transform = _source(_write(tmp_path, texts, videos)).transform
+    jsonl = load_chunk(Source("docs", str(path), format="jsonl", transform=transform), 0, 0, 2, cache=ReaderCache())
+    parquet = load_chunk(_source(_write(tmp_path, texts, videos)), 0, 0, 2, cache=ReaderCache())
+    assert np.array_equal(jsonl.pixels, parquet.pixels) and np.array_equal(jsonl.spans, parquet.spans)
+    path.write_text(json.dumps({"text": "<video>", "videos": ["not base64!"]}) + "\n")
+    with pytest.raises(VideoDecodeError, match="row 0: clip 0 of 1: the clip is a string that is not valid base64"):
+        load_chunk(Source("docs", str(path), format="jsonl", transform=transform), 0, 0, 1, cache=ReaderCache())
