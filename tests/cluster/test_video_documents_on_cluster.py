@@ -117,3 +117,42 @@ def test_trainers_receive_each_clip_in_place_with_its_own_frames_and_a_resume_ge
     close(client, "docs-resumed")
     assert {r: [digest(b) for b in resumed[r]] for r in range(2)} == \
         {r: [digest(b) for b in whole[r][2:]] for r in range(2)}
+
+
+def test_a_document_with_an_undecodable_clip_under_on_corrupt_skip_is_quarantined_naming_the_clip(
+        docs_cluster, tmp_path):
+    """video_docs with the second clip of one document of shard 1 cut short: under
+    on_corrupt="skip" its chunk is quarantined, status names the row and the clip, and the job
+    goes on without a row of that chunk."""
+    import dataclasses
+    from pathlib import Path
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    client, (chat, docs) = docs_cluster
+    folder = tmp_path / "video_docs"
+    folder.mkdir()
+    shards = sorted(Path(docs.url).parent.glob("*.parquet"))
+    for i, path in enumerate(shards):
+        table = pq.read_table(path)
+        if i == 1:
+            videos = table.column("videos").to_pylist()
+            broken_row = next(r for r, v in enumerate(videos) if len(v) >= 2)
+            videos[broken_row][1] = videos[broken_row][1][:200]  # not even a container header
+            table = table.set_column(table.schema.get_field_index("videos"), "videos",
+                                     pa.array(videos, pa.list_(pa.binary())))
+        pq.write_table(table, folder / path.name)
+    broken = dataclasses.replace(docs, url=str(folder / "*.parquet"), on_corrupt="skip")
+    submit_job(client, plan_for([chat, broken], global_batch=8), job="docs-skip")
+    got = run_loaders(client, job="docs-skip", world_size=2, steps=3, keep=numpy_batch, timeout=120)
+    status = client.sync(client.scheduler.mdata_status, job="docs-skip")
+    close(client, "docs-skip")
+    assert status["failure"] is None
+    (quarantined,) = status["quarantined"]["video_docs"]
+    assert quarantined["shard"] == 1 and broken_row in range(*quarantined["rows"])
+    assert quarantined["reason"].startswith(f"VideoDecodeError (row {broken_row}): clip 1 of ")
+    delivered = {tuple(s) for rank in got.values() for b in rank for mb in b["micro_batches"]
+                 for s in mb["sample_ids"].tolist()}
+    assert not any((1, 1, r) in delivered for r in range(*quarantined["rows"]))
+    assert any(s[0] == 1 for s in delivered)
