@@ -38,6 +38,7 @@ from typing import NamedTuple
 import numpy as np
 
 from mdata.errors import PlanError
+from mdata.seeded_perm import EpochPermutations, permutation
 
 __all__ = ["ChunkRef", "SourceOrder", "Taken", "stable_name_hash", "chunk_key", "APPEND_TAG"]
 
@@ -158,6 +159,13 @@ class SourceOrder:
         self._epochs: OrderedDict[int, _Epoch] = OrderedDict()
         self._windows: OrderedDict[tuple[int, int], _Window] = OrderedDict()
         self._last: tuple[int, _Window] | None = None  # (epoch, window): the fast path of take
+        # a source of one chunk that never grew (a tiny source) has the same epoch every time,
+        # its one window the same rows before their shuffle: built once
+        self._single: _Epoch | None = None
+        self._single_rows: tuple[np.ndarray, np.ndarray] | None = None
+        # the permutations' generators, seeded in batches while epochs follow one another
+        self._chunk_perms = EpochPermutations()
+        self._row_perms = EpochPermutations()
 
     # -- chunks ---------------------------------------------------------------------------------
     def chunk_ref(self, chunk_id: int, source_index: int = 0, job: str = "job") -> ChunkRef:
@@ -222,12 +230,13 @@ class SourceOrder:
 
     def _epoch(self, epoch: int) -> _Epoch:
         """Chunk permutation of ``epoch`` and where its shuffle windows start."""
+        if self._single is not None:  # one chunk and no growth: every epoch is the same
+            return self._single
         cached = self._epochs.get(epoch)
         if cached is not None:
             return cached
         known = int(self._chunk_cum[self._shards_after(epoch, inclusive=False)])
-        rng = np.random.Generator(np.random.PCG64([self.seed, self._name_hash, epoch]))
-        parts = [rng.permutation(known)]
+        parts = [self._chunk_perms((self.seed, self._name_hash, epoch), 2, known)]
         bounds = [np.arange(0, known, self.window)]
         offset = known
         for j, (e, before) in enumerate(self.appended):
@@ -235,15 +244,17 @@ class SourceOrder:
                 continue
             lo = int(self._chunk_cum[before])
             hi = int(self._chunk_cum[self._shards_after_growth(j)])
-            grown = np.random.Generator(np.random.PCG64(
-                [self.seed, self._name_hash, epoch, j, APPEND_TAG]))
-            parts.append(lo + grown.permutation(hi - lo))
+            parts.append(lo + permutation((self.seed, self._name_hash, epoch, j, APPEND_TAG),
+                                          hi - lo))
             bounds.append(offset + np.arange(0, hi - lo, self.window))
             offset += hi - lo
         perm = np.concatenate(parts).astype(np.int64)
         bound = np.append(np.concatenate(bounds), perm.size).astype(np.int64)
         rows = np.concatenate([[0], np.cumsum(self.chunk_len[perm])]).astype(np.int64)
         cached = _Epoch(perm, rows[bound], bound)
+        if self.num_chunks == 1 and not self.appended:
+            self._single = cached
+            return cached
         self._epochs[epoch] = cached
         if len(self._epochs) > 3:
             self._epochs.popitem(last=False)
@@ -253,6 +264,8 @@ class SourceOrder:
         return self.appended[j + 1][1] if j + 1 < len(self.appended) else int(self.row_counts.size)
 
     def _window_index(self, ep: _Epoch, pos: int) -> int:
+        if ep is self._single:  # one window
+            return 0
         return int(np.searchsorted(ep.starts, pos, side="right")) - 1
 
     def _window_at(self, epoch: int, w: int) -> _Window:
@@ -260,14 +273,18 @@ class SourceOrder:
         if cached is not None:
             return cached
         ep = self._epoch(epoch)
-        chunks = ep.perm[ep.bounds[w]: ep.bounds[w + 1]]
-        lengths = self.chunk_len[chunks]
-        total = int(lengths.sum())
-        chunk_ids = np.repeat(chunks, lengths)
-        offsets = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-        rows = self.chunk_start[chunk_ids] + offsets
-        rng = np.random.Generator(np.random.PCG64([self.seed, self._name_hash, epoch, w]))
-        shuffle = rng.permutation(total)
+        if ep is self._single and self._single_rows is not None:  # the same rows every epoch
+            chunk_ids, rows = self._single_rows
+        else:
+            chunks = ep.perm[ep.bounds[w]: ep.bounds[w + 1]]
+            lengths = self.chunk_len[chunks]
+            chunk_ids = np.repeat(chunks, lengths)
+            offsets = np.arange(chunk_ids.size, dtype=np.int64) - np.repeat(
+                np.cumsum(lengths) - lengths, lengths)
+            rows = self.chunk_start[chunk_ids] + offsets
+            if ep is self._single:
+                self._single_rows = chunk_ids, rows
+        shuffle = self._row_perms((self.seed, self._name_hash, epoch, w), 2, rows.size)
         chunk_ids = chunk_ids[shuffle]
         shards, rows = self.chunk_shard[chunk_ids], rows[shuffle]
         for array in (shards, rows, chunk_ids):
