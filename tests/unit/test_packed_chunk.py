@@ -112,3 +112,33 @@ def test_real_sources_round_trip(example_corpus):
         order = np.random.default_rng(4).permutation(len(chunk))
         for part in np.array_split(order, 3):
             assert_same(packed.take(part), chunk.take(part))
+
+
+def test_load_tasks_hold_packed_chunks_and_serve_the_same_rows(example_corpus):
+    """``workers.loader``: a load task's result is packed unless ``mdata.sources.pack-held`` is
+    off, and ``mdata_take_rows`` serves a packed chunk's rows as the decoded chunk's."""
+    import dask
+
+    from mdata.data.example import example_sources
+    from mdata.wire.messages import Status, TakeRowsRequest
+    from workers.loader import chunk_summary_task, load_chunk_task, make_take_rows_handler
+
+    source = next(s for s in example_sources(example_corpus) if s.name == "captions")
+    packed = load_chunk_task(source, 0, 0, 4)
+    with dask.config.set({"mdata.sources.pack-held": False}):
+        decoded = load_chunk_task(source, 0, 0, 4)
+    assert isinstance(packed, PackedChunk) and isinstance(decoded, SampleChunk)
+    assert packed.load_seconds > 0
+    a, b = chunk_summary_task(packed), chunk_summary_task(decoded)
+    assert a["nbytes"] < b["nbytes"]
+    for name in ("rows", "num_tokens", "num_patches"):
+        assert np.array_equal(a[name], b[name])
+    assert a["skipped"] == b["skipped"]
+
+    class Worker:
+        data = {("mdata-load", "j", "captions", 0, 0): packed, ("mdata-load", "j", "captions", 0, 1): decoded}
+
+    take = make_take_rows_handler(Worker())
+    got = [take(TakeRowsRequest(key, (3, 1))) for key in Worker.data]
+    assert all(r.status is Status.OK for r in got)
+    assert_same(got[0].chunk, got[1].chunk)
