@@ -31,7 +31,7 @@ from mdata.balance.assignment import StepAssignment, assemble
 from mdata.balance.inputs import validate_step
 from mdata.balance.stage_lpt import lpt_by_stage
 from mdata.balance.stage_screen import least_swaps
-from mdata.balance.stages import order_by_stage, stage_lower_bound, stage_makespan, stage_times
+from mdata.balance.stages import ordered_by_stage, stage_lower_bound, stage_makespan, stage_times
 from mdata.balance.step import balance_step
 from mdata.errors import PlanError
 
@@ -67,13 +67,13 @@ class StageAssignment:
         return self.scalar_makespan / self.makespan if self.makespan > 0 else 1.0
 
 
-def _ordered(times: np.ndarray, given: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per rank the faster of ``given`` and the insertion order, and its makespan."""
-    dp = times.shape[0]
-    rows = np.arange(dp)[:, None]
-    span = stage_makespan(times[rows, given])
-    neh = order_by_stage(times)
-    neh_span = stage_makespan(times[rows, neh])
+def _ordered(times: np.ndarray, given: np.ndarray,
+             span: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Per rank the faster of ``given`` and the insertion order, and its makespan. ``span``:
+    the makespans in ``given`` order where the caller has them already."""
+    if span is None:
+        span = stage_makespan(times[np.arange(times.shape[0])[:, None], given])
+    neh, neh_span = ordered_by_stage(times)
     better = neh_span < span
     return np.where(better[:, None], neh, given), np.where(better, neh_span, span)
 
@@ -196,7 +196,10 @@ def _refine(sc: np.ndarray, tokens: np.ndarray, rank: np.ndarray, mb: np.ndarray
             count[rb, bb] += 1
             rank[s], mb[s] = rb, bb
         pair = np.array([r1, r2])
-        order[pair], spans[pair] = _ordered(times[pair], order[pair])
+        # r1's new times are those its exact check evaluated (the same subtraction then
+        # addition); a swap's partner adds in another order there, so it is evaluated again
+        known = np.array([span1[c], stage_makespan(times[r2, order[r2]])])
+        order[pair], spans[pair] = _ordered(times[pair], order[pair], known)
     order, spans = _ordered(times, order)
     where = np.argsort(order, axis=1)
     return rank, where[rank, mb], spans

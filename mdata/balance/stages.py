@@ -25,7 +25,7 @@ import numpy as np
 
 from mdata.balance.pipeline import _FORWARD, _ORDER_BUDGET, _WAVES_FROM, _schedule, _shares, schedule_end
 
-__all__ = ["order_by_stage", "stage_lower_bound", "stage_makespan", "stage_times"]
+__all__ = ["order_by_stage", "ordered_by_stage", "stage_lower_bound", "stage_makespan", "stage_times"]
 
 
 #: Up to this many stage times in all a makespan is evaluated by waves (as
@@ -98,15 +98,17 @@ def stage_times(stage_costs: np.ndarray, rank: np.ndarray, micro_batch: np.ndarr
     return out.reshape(dp, m, p)
 
 
-def _insert(seq: np.ndarray, new: np.ndarray, times: np.ndarray) -> np.ndarray:
-    """Per row, ``seq`` with ``new`` inserted where the makespan is least (ties: earliest)."""
+def _insert(seq: np.ndarray, new: np.ndarray, times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, ``seq`` with ``new`` inserted where the makespan is least (ties: earliest), and
+    that makespan."""
     dp, n = seq.shape
     pos = np.arange(n + 1)
     src = np.clip(pos[None, :] - (pos[None, :] > pos[:, None]), 0, max(n - 1, 0))
     cand = seq[:, src] if n else np.zeros((dp, 1, 1), dtype=np.int64)  # (dp, j, q)
     cand = np.where((pos[None, :] == pos[:, None])[None], new[:, None, None], cand)
     spans = stage_makespan(times[np.arange(dp)[:, None, None], cand])
-    return cand[np.arange(dp), np.argmin(spans, axis=1)]
+    best = np.argmin(spans, axis=1)
+    return cand[np.arange(dp), best], spans[np.arange(dp), best]
 
 
 def order_by_stage(times: np.ndarray) -> np.ndarray:
@@ -117,17 +119,23 @@ def order_by_stage(times: np.ndarray) -> np.ndarray:
     the same schedule budget only the most expensive is inserted, into the others by increasing
     total. Returns ``order[r]``: rank ``r``'s micro-batch indices in running order.
     """
+    return ordered_by_stage(times)[0]
+
+
+def ordered_by_stage(times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`order_by_stage` and each rank's makespan in that order (the insertion evaluated
+    it already; a makespan is the same to the last bit however many are evaluated at once)."""
     times = np.asarray(times, dtype=np.float64)
     dp, m, p = times.shape
     if p <= 1 or m <= 1:
-        return np.tile(np.arange(m), (dp, 1))
+        return np.tile(np.arange(m), (dp, 1)), stage_makespan(times)
     by_cost = np.argsort(-times.sum(axis=2), axis=1, kind="stable")
     if m * m * p > _ORDER_BUDGET:
         return _insert(by_cost[:, :0:-1], by_cost[:, 0], times)
-    seq = by_cost[:, :1]
+    seq, span = by_cost[:, :1], None
     for n in range(1, m):
-        seq = _insert(seq, by_cost[:, n], times)
-    return seq
+        seq, span = _insert(seq, by_cost[:, n], times)
+    return seq, span
 
 
 def stage_lower_bound(stage_costs: np.ndarray, dp: int) -> float:

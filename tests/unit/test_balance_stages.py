@@ -194,3 +194,18 @@ def test_the_swap_screen_keeps_the_least_estimates_the_whole_grid_has(seed) -> N
     assert ok[a, b].all() and len(set(zip(a.tolist(), b.tolist()))) == a.size
     np.testing.assert_array_equal(got, est[a, b])
     assert np.all(np.diff(got) >= 0)
+
+
+def test_ordered_by_stage_returns_the_makespan_of_its_order_to_the_last_bit() -> None:
+    """The insertion's own evaluation of the chosen order is the makespan a fresh evaluation
+    gives (by waves or an operation at a time, few or many schedules at once)."""
+    from mdata.balance.stages import ordered_by_stage
+
+    rng = np.random.default_rng(8)
+    for dp, m, p in ((1, 1, 4), (3, 2, 1), (16, 32, 8), (2, 32, 8), (5, 7, 4), (16, 16, 8),
+                     (4, 40, 2)):
+        times = rng.lognormal(0.0, 1.0, (dp, m, p))
+        order, span = ordered_by_stage(times)
+        np.testing.assert_array_equal(order, order_by_stage(times))
+        fresh = stage_makespan(times[np.arange(dp)[:, None], order])
+        assert np.array_equal(span, fresh)
