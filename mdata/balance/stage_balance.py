@@ -116,16 +116,19 @@ def balance_step_by_stage(num_tokens: np.ndarray, stage_costs: np.ndarray, *, dp
     identity = np.tile(np.arange(m), (dp, 1))
     best = None
     for k, (rank, mb) in enumerate(placements):
-        order, spans = _ordered(stage_times(sc, rank, mb, dp, m), identity)
+        times = stage_times(sc, rank, mb, dp, m)
+        order, spans = _ordered(times, identity)
         if k == 0:
             scalar_span = float(spans.max()) if spans.size else 0.0
         if best is None or spans.max() < best[3].max():
-            best = (rank, mb, order, spans)
-    rank, mb, order, spans = best
+            best = (rank, mb, order, spans, times)
+    rank, mb, order, spans, times = best
     where = np.argsort(order, axis=1)  # renumber micro-batches into running order
     mb = where[rank, mb]
     if p > 1 and dp > 1 and tokens.size:
-        rank, mb, spans = _refine(sc, tokens, rank, mb, dp, m, max_tokens)
+        # the same sums in running order (each micro-batch adds the same samples in turn)
+        times = np.take_along_axis(times, order[:, :, None], axis=1)
+        rank, mb, spans = _refine(sc, tokens, rank, mb, dp, m, max_tokens, times, spans)
     stage = "" if p == 1 else f", by stage over {p} pipeline stages"
     assignment = assemble(rank, mb, tokens, totals, dp=dp, num_micro_batches=m,
                           max_tokens=max_tokens, requested=requested,
@@ -134,17 +137,18 @@ def balance_step_by_stage(num_tokens: np.ndarray, stage_costs: np.ndarray, *, dp
 
 
 def _refine(sc: np.ndarray, tokens: np.ndarray, rank: np.ndarray, mb: np.ndarray, dp: int,
-            m: int, cap: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            m: int, cap: int, times: np.ndarray,
+            spans: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Moves and swaps against the slowest rank (step 2 of the module docstring); renumbers
-    each rank's micro-batches into running order at the end. Returns rank, micro-batch, spans."""
-    rank, mb = rank.copy(), mb.copy()
-    times = stage_times(sc, rank, mb, dp, m)
+    each rank's micro-batches into running order at the end. ``times``/``spans``: each
+    micro-batch's stage times and each rank's makespan, micro-batches numbered in running
+    order. Returns rank, micro-batch, spans."""
+    rank, mb, times, spans = rank.copy(), mb.copy(), times.copy(), spans.copy()
     toks = np.zeros(dp * m, np.int64)
     np.add.at(toks, rank * m + mb, tokens)
     toks = toks.reshape(dp, m)
     count = np.bincount(rank * m + mb, minlength=dp * m).reshape(dp, m)
     order = np.tile(np.arange(m), (dp, 1))
-    spans = stage_makespan(times)
     partners = min(_PARTNERS, dp - 1)
     for _ in range(2 * dp + 32):
         r1 = int(np.argmax(spans))
@@ -200,7 +204,7 @@ def _refine(sc: np.ndarray, tokens: np.ndarray, rank: np.ndarray, mb: np.ndarray
         # addition); a swap's partner adds in another order there, so it is evaluated again
         known = np.array([span1[c], stage_makespan(times[r2, order[r2]])])
         order[pair], spans[pair] = _ordered(times[pair], order[pair], known)
-    order, spans = _ordered(times, order)
+    order, spans = _ordered(times, order, spans)  # ``spans``: each rank's in ``order``
     where = np.argsort(order, axis=1)
     return rank, where[rank, mb], spans
 
