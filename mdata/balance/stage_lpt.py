@@ -69,7 +69,6 @@ def lpt_by_stage(order: list[int], tokens: np.ndarray, stage_costs: np.ndarray, 
         bz, rr, ur, tr = busy[r], rows[r], used[r], totals[r]
         b = bottleneck[r]
         limit = cap - t
-        k, least = -1, float("inf")
         k_popped = False
         if bins is not None:
             heap_r = bins[r]
@@ -86,6 +85,7 @@ def lpt_by_stage(order: list[int], tokens: np.ndarray, stage_costs: np.ndarray, 
                     heapq.heappush(heap_r, entry)
                 aside.clear()
         else:
+            k, least = -1, float("inf")
             for j in range(m):
                 if ur[j] <= limit and rr[j][b] < least:
                     k, least = j, rr[j][b]
