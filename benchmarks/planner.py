@@ -42,6 +42,7 @@ from collections import deque
 
 import numpy as np
 
+from benchmarks.order_epochs import order_figures
 from mdata.cost import AttentionCost
 from mdata.mesh import ClientPlaceTree
 from mdata.metadata import SourceMetadata
@@ -146,7 +147,7 @@ def _ms_per_step(mesh: ClientPlaceTree, global_batch: int, num_sources: int, war
     return median
 
 
-def run(quick: bool) -> dict[str, float]:
+def run(quick: bool) -> dict[str, object]:
     blocks = 3 if quick else 5
     block_steps = 4 if quick else 10
     warmup = 4 if quick else 10
@@ -188,6 +189,7 @@ def run(quick: bool) -> dict[str, float]:
     figures.update({f"planner.split_4096_10k_sources.{k}": v for k, v in split_10k.items()})
     figures.update({f"planner.split_4096_10k_sources_steady.{k}": v for k, v in split_steady.items()})
     figures.update({f"planner.split_16384_10k_sources_steady.{k}": v for k, v in split_both.items()})
+    figures.update(order_figures(quick))  # tiny sources' epochs (benchmarks/order_epochs.py)
     return figures
 
 
@@ -195,4 +197,4 @@ if __name__ == "__main__":  # pragma: no cover
     import sys
 
     for name, value in run(quick="--quick" in sys.argv).items():
-        print(f"{name:40s} {value:10.3f}")
+        print(f"{name:40s} {value['mdata'] if isinstance(value, dict) else value:10.3f}")
