@@ -42,6 +42,9 @@ def least_swaps(load1: np.ndarray, load2: np.ndarray, sx: np.ndarray, sy: np.nda
     indices into ``x`` and ``y`` and the estimates, in increasing estimate (ties: ``a``, then
     ``b``); infeasible swaps are never returned.
     """
+    if sx.shape[0] == 0 or sy.shape[0] == 0:
+        empty = np.zeros(0, np.int64)
+        return empty, empty, np.zeros(0)
     b1, b2 = int(np.argmax(load1)), int(np.argmax(load2))
     if b1 != b2:
         return _whole_grid(load1[b1], load2[b2], sx[:, b1], sy[:, b1], sx[:, b2], sy[:, b2],

@@ -194,6 +194,9 @@ def test_the_swap_screen_keeps_the_least_estimates_the_whole_grid_has(seed) -> N
     assert ok[a, b].all() and len(set(zip(a.tolist(), b.tolist()))) == a.size
     np.testing.assert_array_equal(got, est[a, b])
     assert np.all(np.diff(got) >= 0)
+    # a rank without samples has no swap
+    assert least_swaps(load1, load2, sx[:0], sy, tx[:0], ty, free1[:0], free2, k)[2].size == 0
+    assert least_swaps(load1, load2, sx, sy[:0], tx, ty[:0], free1, free2[:0], k)[2].size == 0
 
 
 def test_ordered_by_stage_returns_the_makespan_of_its_order_to_the_last_bit() -> None:
