@@ -93,9 +93,24 @@ def load_chunk_task(source: Source | SourceSpec, shard: int, start: int, stop: i
         if portable is exc:
             raise
         raise portable from None
-    held: SampleChunk | PackedChunk = PackedChunk.pack(chunk) if config.get("sources.pack-held") else chunk
+    held: SampleChunk | PackedChunk = _packed(built, cache, chunk) if config.get("sources.pack-held") else chunk
     held.load_seconds = time.perf_counter() - began  # measured cost (packing too), feeds pool sizing
     return held
+
+
+def _packed(source: Source, cache: Any, chunk: SampleChunk) -> PackedChunk:
+    """``chunk`` packed; images that a decoder makes again from their stored cell (mdata's
+    ``DecodeImageCaption``) are kept as those cells, read again from the shard here (the
+    reader's buffers are warm: a few ms for 32 photos), and decoded when taken."""
+    from mdata.sources.encoded_images import image_decoder
+
+    found = image_decoder(source.transform) if chunk.pixels is not None and len(chunk) else None
+    if found is None:
+        return PackedChunk.pack(chunk)
+    field, decode = found
+    start = int(chunk.rows[0])
+    cells = cache.read(source, chunk.shard, start, int(chunk.rows[-1]) + 1)[field]
+    return PackedChunk.pack(chunk, decode=decode, cells=[cells[r - start] for r in chunk.rows.tolist()])
 
 
 def list_shards_task(source: Source | SourceSpec) -> dict[str, Any]:

@@ -21,11 +21,12 @@ from __future__ import annotations
 import sys
 import threading
 from dataclasses import dataclass, replace
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from mdata.sources.chunk import SampleChunk
+from mdata.sources.encoded_images import EncodedImages
 
 __all__ = ["PackedChunk", "PackedRows", "pack_chunk"]
 
@@ -162,17 +163,24 @@ class PackedChunk:
 
     shell: SampleChunk
     tokens: PackedRows
-    pixels: PackedRows | None = None
+    pixels: "PackedRows | EncodedImages | None" = None
     image_shapes: np.ndarray | None = None
 
     @classmethod
-    def pack(cls, chunk: SampleChunk) -> "PackedChunk":
-        """``chunk`` with each sample's token ids and pixels compressed (lossless)."""
+    def pack(cls, chunk: SampleChunk, *, decode: Callable[[bytes], np.ndarray] | None = None,
+             cells: Sequence[bytes] | None = None) -> "PackedChunk":
+        """``chunk`` with each sample's token ids and pixels compressed (lossless); with
+        ``decode`` and each kept sample's stored image ``cells``, its images kept as those
+        cells instead (:mod:`mdata.sources.encoded_images`)."""
         n = len(chunk)
-        pixels = shell_pixels = None
+        pixels: PackedRows | EncodedImages | None = None
+        shell_pixels = None
         if chunk.pixels is not None:
-            row_bytes = chunk.image_shapes[:, 1].astype(np.int64) * chunk.image_shapes[:, 2]
-            pixels = PackedRows.pack(chunk.pixels, chunk.pixel_offsets, row_bytes)
+            if decode is not None and cells is not None:
+                pixels = EncodedImages.of(decode, cells, chunk.pixels, chunk.pixel_offsets, chunk.source)
+            else:
+                row_bytes = chunk.image_shapes[:, 1].astype(np.int64) * chunk.image_shapes[:, 2]
+                pixels = PackedRows.pack(chunk.pixels, chunk.pixel_offsets, row_bytes)
             shell_pixels = dict(pixels=np.empty(0, chunk.pixels.dtype), pixel_offsets=np.zeros(n + 1, np.int64),
                                 image_shapes=np.zeros_like(chunk.image_shapes))
         # new empty arrays, not ``[:0]`` views: a view would keep the decoded payload alive
@@ -212,7 +220,9 @@ class PackedChunk:
             token_ids=self.tokens.gather(idx), token_offsets=_segment_offsets(self.tokens.lengths[idx]))
         if self.pixels is not None:
             shapes = self.image_shapes[idx]
-            payload.update(pixels=self.pixels.gather(idx), image_shapes=shapes,
+            pixels = (self.pixels.gather(idx, shapes, part.rows) if isinstance(self.pixels, EncodedImages)
+                      else self.pixels.gather(idx))
+            payload.update(pixels=pixels, image_shapes=shapes,
                            pixel_offsets=_segment_offsets(shapes.prod(axis=1, dtype=np.int64)))
         return replace(part, **payload)
 

@@ -7,11 +7,14 @@ chunk, field by field, dtype and bytes: the samples delivered may not change."""
 from __future__ import annotations
 
 import pickle
+from functools import partial
 
 import numpy as np
 import pytest
 
 from mdata.sources import SampleChunk, SkippedSample, load_chunk
+from mdata.errors import SourceError
+from mdata.sources.encoded_images import EncodedImages
 from mdata.sources.packed import MIN_PACK_BYTES, PackedChunk, PackedRows
 
 FIELDS = ("source", "shard", "rows", "token_ids", "token_offsets", "num_tokens", "num_patches",
@@ -128,6 +131,7 @@ def test_load_tasks_hold_packed_chunks_and_serve_the_same_rows(example_corpus):
     with dask.config.set({"mdata.sources.pack-held": False}):
         decoded = load_chunk_task(source, 0, 0, 4)
     assert isinstance(packed, PackedChunk) and isinstance(decoded, SampleChunk)
+    assert isinstance(packed.pixels, EncodedImages)  # photos kept as their stored bytes
     assert packed.load_seconds > 0
     a, b = chunk_summary_task(packed), chunk_summary_task(decoded)
     assert a["nbytes"] < b["nbytes"]
@@ -142,3 +146,35 @@ def test_load_tasks_hold_packed_chunks_and_serve_the_same_rows(example_corpus):
     got = [take(TakeRowsRequest(key, (3, 1))) for key in Worker.data]
     assert all(r.status is Status.OK for r in got)
     assert_same(got[0].chunk, got[1].chunk)
+
+
+def test_images_kept_as_stored_bytes_decode_to_the_same_pixels_or_fail():
+    """A chunk's images kept as their cells come back as the load decoded them; a decoder that
+    gives other pixels on the take fails loudly instead of delivering them."""
+    import io
+
+    from PIL import Image
+
+    from mdata.sources.images import decode_image
+
+    photos = [photo_like(40 + 8 * i, 56, i) for i in range(3)]
+    cells = []
+    for photo in photos:
+        buf = io.BytesIO()
+        Image.fromarray(photo).save(buf, format="JPEG", quality=90)
+        cells.append(buf.getvalue())
+    decode = partial(decode_image, patch_size=16, max_patches=64, max_pixels=10**7)  # as a loader's
+    images = [decode(c) for c in cells]
+    chunk = SampleChunk.from_samples("img", 0, [1, 5, 9], [[7, 8], [9], list(range(300))],
+                                     num_patches=[4, 4, 4], images=images)
+    packed = PackedChunk.pack(chunk, decode=decode, cells=cells)
+    assert isinstance(packed.pixels, EncodedImages) and packed.nbytes < chunk.nbytes
+    for indices in ([2, 0], [1], [], [0, 1, 2]):
+        assert_same(packed.take(indices), chunk.take(indices))
+    assert_same(pickle.loads(pickle.dumps(packed)).take([1, 2]), chunk.take([1, 2]))
+
+    brighter = lambda data: np.minimum(decode(data).astype(np.int16) + 1, 255).astype(np.uint8)  # noqa: E731
+    tampered = PackedChunk.pack(chunk, decode=brighter, cells=cells)
+    with pytest.raises(SourceError, match="other pixels") as info:
+        tampered.take([2])
+    assert info.value.row == 9
