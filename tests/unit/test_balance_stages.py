@@ -165,38 +165,56 @@ def test_balancing_by_stage_is_deterministic() -> None:
     np.testing.assert_array_equal(runs[0].assignment.micro_batch, runs[1].assignment.micro_batch)
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_the_swap_screen_keeps_the_least_estimates_the_whole_grid_has(seed) -> None:
+@pytest.mark.parametrize("seed", range(8))
+def test_the_swap_screen_keeps_what_the_whole_grid_keeps(seed) -> None:
     """``least_swaps`` estimates only a band of pairs when both ranks' busiest stage is the
-    same; it keeps the same estimates as every pair estimated (ties: the same values), and
-    never an infeasible swap. Costs drawn from few values, so many estimates are equal."""
-    from mdata.balance.stage_screen import least_swaps
+    same; it returns the pairs the whole grid's screen returns, in its order, ties included
+    (costs drawn from few values, so many estimates are equal), and never an infeasible swap."""
+    from mdata.balance.stage_screen import _whole_grid, least_swaps
 
     rng = np.random.default_rng(seed)
-    nx, ny, p, k = int(rng.integers(1, 300)), int(rng.integers(1, 300)), 4, 64
+    nx, ny, p, k = int(rng.integers(1 if seed % 2 == 0 else 100, 300)), int(rng.integers(1, 300)), 4, 64
     sx = rng.integers(0, 20, (nx, p)).astype(float) * 1.5
     sy = rng.integers(0, 20, (ny, p)).astype(float) * 1.5
     tx, ty = rng.integers(1, 500, nx), rng.integers(1, 500, ny)
-    free1, free2 = rng.integers(0, 300, nx), rng.integers(0, 300, ny)
+    tight = 300 if seed % 4 < 2 else 30  # some with few feasible swaps
+    free1, free2 = rng.integers(0, tight, nx), rng.integers(0, tight, ny)
     load1 = sx.sum(axis=0) + rng.random(p) * 10
     load2 = sy.sum(axis=0) + rng.random(p) * 10
     if seed % 2:  # the same busiest stage on both ranks (the band); else the whole grid
         load1[1] += 1e4
         load2[1] += 1e4
     b1, b2 = int(np.argmax(load1)), int(np.argmax(load2))
-    est = np.maximum(load1[b1] - sx[:, b1, None] + sy[None, :, b1],
-                     load2[b2] + sx[:, b2, None] - sy[None, :, b2])
-    grow = ty[None, :] - tx[:, None]
-    ok = (grow <= free1[:, None]) & (-grow <= free2[None, :])
-    want = np.sort(est[ok])[:k]
     a, b, got = least_swaps(load1, load2, sx, sy, tx, ty, free1, free2, k)
+    wa, wb, want = _whole_grid(load1, load2, b1, b2, sx, sy, tx, ty, free1, free2, k)
+    np.testing.assert_array_equal(a, wa)
+    np.testing.assert_array_equal(b, wb)
     np.testing.assert_array_equal(got, want)
-    assert ok[a, b].all() and len(set(zip(a.tolist(), b.tolist()))) == a.size
-    np.testing.assert_array_equal(got, est[a, b])
-    assert np.all(np.diff(got) >= 0)
+    grow = ty[b] - tx[a]
+    assert np.all((grow <= free1[a]) & (-grow <= free2[b])) and np.all(np.diff(got) >= 0)
     # a rank without samples has no swap
     assert least_swaps(load1, load2, sx[:0], sy, tx[:0], ty, free1[:0], free2, k)[2].size == 0
     assert least_swaps(load1, load2, sx, sy[:0], tx, ty[:0], free1, free2[:0], k)[2].size == 0
+
+
+@pytest.mark.parametrize("shape, k", [((530, 530), 64), ((40, 900), 64), ((3, 5), 64), ((200, 1), 64),
+                                      ((100, 100), 1)])
+def test_the_least_swaps_are_those_a_whole_partition_finds(shape, k) -> None:
+    """The whole grid's screen keeps the ``k`` least estimates of a rank pair's swaps; bounding
+    them by the ``k``-th least row minimum first finds the same ones (here no two are equal),
+    infeasible pairs (inf) included."""
+    from mdata.balance.stage_screen import _least
+
+    rng = np.random.default_rng(shape[0] * shape[1] + k)
+    grid = rng.random(shape) * 1e6
+    grid[rng.random(shape) < 0.2] = np.inf
+    grid[: shape[0] // 3] = np.inf  # whole rows without a feasible swap
+    got = _least(grid, k)
+    flat = grid.ravel()
+    whole = np.argpartition(flat, k)[:k] if flat.size > k else np.arange(flat.size)
+    assert sorted(got.tolist()) == sorted(whole.tolist()) or (
+        np.sort(flat[got]).tolist() == np.sort(flat[whole]).tolist())  # ties among the infs
+    assert got.size == min(k, flat.size) and len(set(got.tolist())) == got.size
 
 
 def test_ordered_by_stage_returns_the_makespan_of_its_order_to_the_last_bit() -> None:
