@@ -166,35 +166,44 @@ def test_balancing_by_stage_is_deterministic() -> None:
 
 
 @pytest.mark.parametrize("seed", range(8))
-def test_the_swap_screen_keeps_what_the_whole_grid_keeps(seed) -> None:
+def test_the_swap_screen_keeps_what_the_whole_grid_keeps(seed, monkeypatch) -> None:
     """``least_swaps`` estimates only a band of pairs when both ranks' busiest stage is the
     same; it returns the pairs the whole grid's screen returns, in its order, ties included
-    (costs drawn from few values, so many estimates are equal), and never an infeasible swap."""
-    from mdata.balance.stage_screen import _whole_grid, least_swaps
+    (odd seeds: costs rounded to a tenth, so many estimates are equal), never an infeasible
+    swap; tight token room (seeds 4-7) leaves few feasible swaps."""
+    from mdata.balance import stage_screen
 
+    whole = stage_screen._whole_grid
+    used = []
+    monkeypatch.setattr(stage_screen, "_whole_grid", lambda *a: used.append(1) or whole(*a))
     rng = np.random.default_rng(seed)
-    nx, ny, p, k = int(rng.integers(1 if seed % 2 == 0 else 100, 300)), int(rng.integers(1, 300)), 4, 64
-    sx = rng.integers(0, 20, (nx, p)).astype(float) * 1.5
-    sy = rng.integers(0, 20, (ny, p)).astype(float) * 1.5
+    nx, ny, p, k = 500, 480, 4, 64
+    sx, sy = rng.lognormal(0.0, 1.0, (nx, p)), rng.lognormal(0.0, 1.0, (ny, p))
+    if seed % 2:
+        sx, sy = np.round(sx, 1), np.round(sy, 1)
     tx, ty = rng.integers(1, 500, nx), rng.integers(1, 500, ny)
-    tight = 300 if seed % 4 < 2 else 30  # some with few feasible swaps
-    free1, free2 = rng.integers(0, tight, nx), rng.integers(0, tight, ny)
-    load1 = sx.sum(axis=0) + rng.random(p) * 10
-    load2 = sy.sum(axis=0) + rng.random(p) * 10
-    if seed % 2:  # the same busiest stage on both ranks (the band); else the whole grid
-        load1[1] += 1e4
-        load2[1] += 1e4
-    b1, b2 = int(np.argmax(load1)), int(np.argmax(load2))
-    a, b, got = least_swaps(load1, load2, sx, sy, tx, ty, free1, free2, k)
-    wa, wb, want = _whole_grid(load1, load2, b1, b2, sx, sy, tx, ty, free1, free2, k)
+    room = 300 if seed < 4 else 40
+    free1, free2 = rng.integers(0, room, nx), rng.integers(0, room, ny)
+    load1 = np.full(p, 1000.0)
+    load1[1] = 1e4  # both ranks' busiest stage: 1, their loads a few costs apart
+    load2 = load1 - rng.random(p) * 3
+    a, b, got = stage_screen.least_swaps(load1, load2, sx, sy, tx, ty, free1, free2, k)
+    assert not used  # the band, not the grid
+    wa, wb, want = whole(load1, load2, 1, 1, sx, sy, tx, ty, free1, free2, k)
     np.testing.assert_array_equal(a, wa)
     np.testing.assert_array_equal(b, wb)
     np.testing.assert_array_equal(got, want)
     grow = ty[b] - tx[a]
     assert np.all((grow <= free1[a]) & (-grow <= free2[b])) and np.all(np.diff(got) >= 0)
-    # a rank without samples has no swap
-    assert least_swaps(load1, load2, sx[:0], sy, tx[:0], ty, free1[:0], free2, k)[2].size == 0
-    assert least_swaps(load1, load2, sx, sy[:0], tx, ty[:0], free1, free2[:0], k)[2].size == 0
+    # different busiest stages, or a rank without samples: the grid, or nothing
+    load2[2] = 2e4
+    np.testing.assert_array_equal(
+        stage_screen.least_swaps(load1, load2, sx, sy, tx, ty, free1, free2, k)[2],
+        whole(load1, load2, 1, 2, sx, sy, tx, ty, free1, free2, k)[2])
+    assert stage_screen.least_swaps(load1, load2, sx[:0], sy, tx[:0], ty, free1[:0], free2,
+                                    k)[2].size == 0
+    assert stage_screen.least_swaps(load1, load2, sx, sy[:0], tx, ty[:0], free1, free2[:0],
+                                    k)[2].size == 0
 
 
 @pytest.mark.parametrize("shape, k", [((530, 530), 64), ((40, 900), 64), ((3, 5), 64), ((200, 1), 64),
