@@ -90,7 +90,7 @@ def least_swaps(load1: np.ndarray, load2: np.ndarray, sx: np.ndarray, sy: np.nda
             under = np.flatnonzero(est <= bound)
             near = under[np.argsort(flat[under])]  # every pair under the bound, in flat order
             return _ordered(_pick(flat[near], est[near], k, nx * ny), est, flat, near, ny)
-        delta *= 2.0
+        delta = 2.0 * delta if delta > 0 else 1.0  # (0 only if every load and cost is 0)
 
 
 def _pick(flat_near: np.ndarray, est_near: np.ndarray, k: int,
