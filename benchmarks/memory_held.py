@@ -12,7 +12,8 @@ very task body a loader runs, reader cache included) and keeps the results, as D
 task's result. It reports the process's PSS growth, the bytes the held objects report (what Dask
 counts), Arrow's allocator bytes, and the held bytes per source kind.
 
-``python -m benchmarks.memory_held 306`` (sources; default 306, row groups of 64 MiB).
+``python -m benchmarks.memory_held 306 [decoded|packed]`` (sources, default 306, row groups of
+64 MiB; both ways unless one is named).
 """
 
 from __future__ import annotations
@@ -76,11 +77,12 @@ def _hold(mode: str, num_sources: int, row_group_mb: int, conn) -> None:
     })
 
 
-def held_window_memory(num_sources: int = 306, row_group_mb: int = 64) -> dict[str, dict]:
+def held_window_memory(num_sources: int = 306, row_group_mb: int = 64,
+                       modes: tuple[str, ...] = MODES) -> dict[str, dict]:
     """Each mode's figures (see the module docstring), from a fresh spawned process each."""
     ctx = mp.get_context("spawn")
     out = {}
-    for mode in MODES:
+    for mode in modes:
         parent, child = ctx.Pipe()
         proc = ctx.Process(target=_hold, args=(mode, num_sources, row_group_mb, child))
         proc.start()
@@ -92,7 +94,9 @@ def held_window_memory(num_sources: int = 306, row_group_mb: int = 64) -> dict[s
 
 if __name__ == "__main__":
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 306
-    figures = held_window_memory(n)
-    d, p = figures["decoded"], figures["packed"]
-    print(json.dumps({**figures, "pss_ratio": round(d["pss_growth_mb"] / max(p["pss_growth_mb"], 1e-9), 2),
-                      "held_ratio": round(d["held_mb"] / p["held_mb"], 2)}, indent=1))
+    figures = held_window_memory(n, modes=tuple(a for a in sys.argv[2:] if a in MODES) or MODES)
+    if len(figures) == 2:
+        d, p = figures["decoded"], figures["packed"]
+        figures.update(pss_ratio=round(d["pss_growth_mb"] / max(p["pss_growth_mb"], 1e-9), 2),
+                       held_ratio=round(d["held_mb"] / p["held_mb"], 2))
+    print(json.dumps(figures, indent=1))
