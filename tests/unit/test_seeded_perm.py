@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from mdata import seeded_perm
 from mdata.seeded_perm import (EpochPermutations, entropy_words, pcg64_state, permutation,
                                seed_words, seed_words_many)
 
@@ -68,3 +69,16 @@ def test_epoch_permutations_in_order_at_random_and_across_keys() -> None:
         at = 2
         np.testing.assert_array_equal(perms(entropy, at, n), _numpy(entropy, n))
     assert perms((1, 2, 3, 4), 2, 1).tolist() == [0]
+
+
+def test_a_numpy_that_seeds_otherwise_gets_its_own_permutations(monkeypatch) -> None:
+    """Should numpy's seeding ever differ from the integer code here, every permutation is
+    numpy's own (what the orders gave before the fast path), never a drifted one."""
+    assert seeded_perm.numpy_agrees()  # this numpy seeds as the code does
+    monkeypatch.setattr(seeded_perm, "seed_words", lambda words: (1, 2, 3, 4))  # a wrong hash
+    monkeypatch.setattr(seeded_perm, "_agrees", None)
+    assert not seeded_perm.numpy_agrees()
+    entropy = (7, 11, 5)
+    expected = np.random.Generator(np.random.PCG64(list(entropy))).permutation(9)
+    assert np.array_equal(seeded_perm.permutation(entropy, 9), expected)
+    assert np.array_equal(seeded_perm.EpochPermutations()(entropy, 2, 9), expected)
