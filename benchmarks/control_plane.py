@@ -403,7 +403,7 @@ def run(quick: bool) -> dict:
     sources = example_sources(corpus)
     if quick:
         fixed, per_group, dp, steps = (8, 24), (8, 24), 8, WARMUP + 2
-        apart, floor_calls = (4,), 30
+        apart, floor_calls = (4,), 100  # enough requests to stand out of a silent phase's noise
     else:
         fixed, per_group, dp, steps = (16, 64, 256, 1024), (16, 64, 256), FIXED_DP, 12
         apart, floor_calls = (16, 32), 100
