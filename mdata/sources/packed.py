@@ -4,16 +4,17 @@ A loader keeps every chunk of a source's current shuffle window in memory until 
 samples are drawn (:mod:`mdata.order`): at many sources that is most of a loader's memory (at 306
 sources of the production-shaped corpus, 4 chunks x ~5.6 MB decoded per source: ~1.7 GB for the
 job), and each sample is read once, when a constructor takes it. So the loader keeps each
-sample's token ids and pixels compressed (zstd, level 1, one frame per sample) and decompresses
-only the samples a constructor takes. Compression is lossless and per sample, so
+sample's token ids and pixels compressed (zstd, level 1, one frame per sample; images
+up-filtered first), or a photo as its stored bytes (:mod:`mdata.sources.encoded_images`), and
+decompresses only the samples a constructor takes. Packing is lossless and per sample, so
 :meth:`PackedChunk.take` returns exactly what :meth:`SampleChunk.take` of the unpacked chunk
 returns, byte for byte: which samples are delivered, in which order, is untouched, and a take
-costs a few decompressions, never the whole chunk.
+costs a few decompressions, never the whole chunk. Measured: docs/benchmarks-memory.md.
 
 The summary the Planner reads (``rows``, ``num_tokens``, ``num_patches``, ``skipped``,
 ``load_seconds``, ``nbytes``) and every other per-sample field stay as they are, in a shell chunk
-with empty payloads. pyarrow (the codec) is imported on first
-use, so processes that only import this module for its type (constructors) never load it.
+with empty payloads. pyarrow (the codec) is imported on first use, so processes that only import
+this module for its type (constructors) never load it.
 """
 
 from __future__ import annotations
