@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from mdata.errors import RequestTimeoutError
+from mdata.wire.one_comm import OverComm
 from mdata.wire.messages import (
     BatchLocation, GetBatchRequest, NoHandlerError, Status, ask, reply_timeout, within,
 )
@@ -47,11 +48,17 @@ def fetch_slice(client: Any, location: BatchLocation, delivery: Any):
             try:
                 comm = await asyncio.wait_for(client.rpc.connect(address, timeout=CONNECT_S),
                                               CONNECT_S + 0.5)
-                client.rpc.reuse(address, comm)  # the request below takes this connection
-                reply = await within(ask(client.rpc(address), request), request, address, limit)
-            except (OSError, asyncio.TimeoutError, NoHandlerError, RequestTimeoutError) as exc:  # gone, closing, stuck
+            except (OSError, asyncio.TimeoutError) as exc:  # gone
                 last_error = exc
                 continue
+            try:  # on this connection only: a pooled call would reconnect for Dask's 30 s
+                reply = await within(ask(OverComm(comm, address), request), request, address, limit)
+            except (OSError, asyncio.TimeoutError, NoHandlerError, RequestTimeoutError) as exc:  # gone, closing, stuck
+                comm.abort()  # a timed-out call may still be reading: the comm is done for
+                last_error = exc
+                continue
+            finally:
+                client.rpc.reuse(address, comm)  # back to the pool (dropped there when closed)
             if reply.status is Status.OK:
                 return reply.batch
             last_error = f"{address} answered {reply.status.value} for {list(reply.key)}"
