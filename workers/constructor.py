@@ -19,6 +19,7 @@ from mdata.batch import DPBatch, build_dp_batch
 from mdata.errors import MdataError
 from mdata.sources.outage_deadline import OutageDeadline
 from mdata.wire.errors import InvalidRequestError
+from mdata.wire.one_comm import OverComm
 from mdata.wire.messages import (
     ChunkPull, ConstructPart, ConstructSpec, GetBatchReply, GetBatchRequest, NoHandlerError, Status,
     StatusRequest, TakeRowsManyRequest, TakeRowsRequest, WhoHasRequest, ask,
@@ -62,12 +63,10 @@ async def _pull_rows(worker, key, indices, addresses: list[str], deadline: Outag
     while True:
         for address in addresses:
             try:
-                if not await _reach(worker, key, address):
+                comm = await _reach(worker, key, address)
+                if comm is None:
                     continue  # it left: ask the scheduler where the chunk is now
-                reply = await asyncio.wait_for(
-                    ask(worker.rpc(address), TakeRowsRequest(key, tuple(indices))),
-                    timeout=PULL_ATTEMPT_S,
-                )
+                reply = await _over(worker, address, comm, TakeRowsRequest(key, tuple(indices)))
             except (OSError, asyncio.TimeoutError):
                 continue  # that worker is gone or stuck; ask the scheduler where the chunk is now
             except NoHandlerError:
@@ -89,9 +88,9 @@ async def _pull_rows(worker, key, indices, addresses: list[str], deadline: Outag
         addresses = _known((await _who_has(worker, [key]))[0], key)
 
 
-async def _reach(worker, key, address: str) -> bool:
-    """Connect to the loader at ``address`` (the pull then reuses the connection), or give up
-    as soon as the scheduler no longer lists it as a holder of ``key``.
+async def _reach(worker, key, address: str):
+    """A connection to the loader at ``address`` (from the worker's pool: :func:`_over` hands
+    it back), or None as soon as the scheduler no longer lists it as a holder of ``key``.
 
     A killed loader's address refuses connections, and Dask retries those until its connect
     timeout; the scheduler knows within milliseconds that the worker left. A live loader answers
@@ -103,16 +102,30 @@ async def _reach(worker, key, address: str) -> bool:
         while True:
             done, _ = await asyncio.wait({connecting}, timeout=CONNECT_CHECK_S)
             if done:
-                worker.rpc.reuse(address, connecting.result())
-                return True
+                return connecting.result()
             holders = (await _who_has(worker, [key]))[0]
             if holders is None or address not in holders:
-                return False
+                return None
     except (OSError, asyncio.TimeoutError):
-        return False
+        return None
     finally:
         if not connecting.done():
             connecting.cancel()
+
+
+async def _over(worker, address: str, comm, request):
+    """``request``'s reply over ``comm`` (from :func:`_reach`), within ``PULL_ATTEMPT_S``; the
+    comm goes back to the pool after. Never through a pooled call: one that found this comm
+    closed (the loader died since the connect) would reconnect for Dask's whole connect timeout."""
+    import asyncio
+
+    try:
+        return await asyncio.wait_for(ask(OverComm(comm, address), request), timeout=PULL_ATTEMPT_S)
+    except BaseException:
+        comm.abort()  # a cancelled or failed call leaves the comm unusable
+        raise
+    finally:
+        worker.rpc.reuse(address, comm)  # dropped there when closed
 
 
 async def _pull_grouped(worker, keys: list, pulls: tuple[ChunkPull, ...]) -> list:
@@ -134,9 +147,10 @@ async def _pull_grouped(worker, keys: list, pulls: tuple[ChunkPull, ...]) -> lis
         request = TakeRowsManyRequest(tuple(TakeRowsRequest(keys[i], tuple(pulls[i].indices))
                                             for i in members))
         try:
-            if not await _reach(worker, keys[members[0]], address):
+            comm = await _reach(worker, keys[members[0]], address)
+            if comm is None:
                 return
-            reply = await asyncio.wait_for(ask(worker.rpc(address), request), timeout=PULL_ATTEMPT_S)
+            reply = await _over(worker, address, comm, request)
         except (OSError, asyncio.TimeoutError, NoHandlerError):
             return  # gone, stuck or shutting down: each chunk is followed on its own
         for i, answer in zip(members, reply.replies):
