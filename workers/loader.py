@@ -80,36 +80,38 @@ def load_chunk_task(source: Source | SourceSpec, shard: int, start: int, stop: i
     lists the source again when its own listing is another (shards appended since it listed)."""
     from mdata import config
     from mdata.sources.cache import default_reader_cache
-    from mdata.sources.load import load_chunk
+    from mdata.sources.load import load_chunk_and_columns
 
     began = time.perf_counter()
     try:
         built, cache = build_source(source), default_reader_cache()
         if listing is not None:
             cache.check_listing(built, shard, listing)
-        chunk = load_chunk(built, shard, start, stop, cache=cache)
+        chunk, columns = load_chunk_and_columns(built, shard, start, stop, cache=cache)
     except Exception as exc:
         portable = _portable(exc, source.name)
         if portable is exc:
             raise
         raise portable from None
-    held: SampleChunk | PackedChunk = _packed(built, cache, chunk) if config.get("sources.pack-held") else chunk
+    held: SampleChunk | PackedChunk = (_packed(built, chunk, columns, start)
+                                       if config.get("sources.pack-held") else chunk)
+    del columns  # the read columns go as soon as the chunk is built (or packed)
     held.load_seconds = time.perf_counter() - began  # measured cost (packing too), feeds pool sizing
     return held
 
 
-def _packed(source: Source, cache: Any, chunk: SampleChunk) -> PackedChunk:
+def _packed(source: Source, chunk: SampleChunk, columns: dict[str, list[Any]],
+            start: int) -> PackedChunk:
     """``chunk`` packed; images that a decoder makes again from their stored cell (mdata's
-    ``DecodeImageCaption``) are kept as those cells, read again from the shard here (the
-    reader's buffers are warm: a few ms for 32 photos), and decoded when taken."""
+    ``DecodeImageCaption``) are kept as those cells (from ``columns``, the rows read from
+    ``start`` on) and decoded when taken."""
     from mdata.sources.encoded_images import image_decoder
 
     found = image_decoder(source.transform) if chunk.pixels is not None and len(chunk) else None
     if found is None:
         return PackedChunk.pack(chunk)
     field, decode = found
-    start = int(chunk.rows[0])
-    cells = cache.read(source, chunk.shard, start, int(chunk.rows[-1]) + 1)[field]
+    cells = columns[field]
     return PackedChunk.pack(chunk, decode=decode, cells=[cells[r - start] for r in chunk.rows.tolist()])
 
 

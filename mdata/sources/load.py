@@ -8,6 +8,7 @@ Planner recompute a lost chunk elsewhere without losing or duplicating a sample.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import numpy as np
 
@@ -26,7 +27,7 @@ from mdata.sources.spans import clamp_spans, span_problem
 from mdata.sources.spec import Source
 from mdata.sources.transforms import ChunkContext, SampleOutput
 
-__all__ = ["load_chunk"]
+__all__ = ["load_chunk", "load_chunk_and_columns"]
 
 
 def _check_range(source: Source, path: str, num_rows: int, start: int, stop: int) -> None:
@@ -43,7 +44,17 @@ def _check_range(source: Source, path: str, num_rows: int, start: int, stop: int
 def load_chunk(
     source: Source, shard: int, start: int, stop: int, *, cache: ReaderCache | None = None
 ) -> SampleChunk:
-    """Read rows ``[start, stop)`` of shard ``shard`` of ``source`` and transform them.
+    """Read rows ``[start, stop)`` of shard ``shard`` of ``source`` and transform them
+    (:func:`load_chunk_and_columns`, without the columns read)."""
+    return load_chunk_and_columns(source, shard, start, stop, cache=cache)[0]
+
+
+def load_chunk_and_columns(
+    source: Source, shard: int, start: int, stop: int, *, cache: ReaderCache | None = None
+) -> tuple[SampleChunk, dict[str, list[Any]]]:
+    """Read rows ``[start, stop)`` of shard ``shard`` of ``source`` and transform them; also
+    returns the columns read (row ``start + i`` at index ``i``), which a loader packing the
+    chunk keeps stored image cells from instead of reading the shard again.
 
     Uses ``cache`` (the process-wide :func:`default_reader_cache` by default) for the listing and the
     shard's open reader. Samples whose transform fails are skipped and listed in
@@ -123,7 +134,7 @@ def load_chunk(
         skipped=[SkippedSample(row=int(e.row), reason=f"{type(e).__name__}: {e.message}") for e in failures],
     )
     chunk.load_seconds = time.perf_counter() - began
-    return chunk
+    return chunk, columns
 
 
 def _document_spans(source: Source, path: str, rows: np.ndarray, outputs: list[SampleOutput],

@@ -178,3 +178,20 @@ def test_images_kept_as_stored_bytes_decode_to_the_same_pixels_or_fail():
     with pytest.raises(SourceError, match="other pixels") as info:
         tampered.take([2])
     assert info.value.row == 9
+
+
+def test_a_load_task_from_mid_shard_keeps_each_rows_own_stored_photo(example_corpus):
+    """The stored cells a packed chunk keeps come from the columns its load read (row ``start
+    + i`` at ``i``): from mid-shard on, every row's photo decodes to the decoded chunk's pixels."""
+    import dask
+
+    from mdata.data.example import example_sources
+    from workers.loader import load_chunk_task
+
+    source = next(s for s in example_sources(example_corpus) if s.name == "captions")
+    packed = load_chunk_task(source, 0, 5, 9)
+    with dask.config.set({"mdata.sources.pack-held": False}):
+        decoded = load_chunk_task(source, 0, 5, 9)
+    assert isinstance(packed.pixels, EncodedImages)
+    order = tuple(range(len(decoded)))
+    assert_same(packed.take(order), decoded.take(order))
