@@ -35,6 +35,19 @@ BIN = Path(sys.executable).parent
 START_TIMEOUT_S = 120.0
 
 
+def _die_with_parent() -> None:
+    """In a child before it runs the dask CLI: SIGTERM it when the benchmark's process dies, so a
+    benchmark killed mid-run (by a timeout, kill -9) leaves no scheduler or nanny behind; their
+    own SIGTERM handling closes the nannies' worker processes. Linux only (elsewhere a no-op)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
+
+
 def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(REPO), "DASK_LOGGING__DISTRIBUTED": "error",
             "DASK_DISTRIBUTED__ADMIN__TICK__LIMIT": "1h"}
@@ -100,15 +113,16 @@ def start_cluster(corpus: Path, constructors: int, log: Path) -> tuple[subproces
         [str(BIN / "dask"), "scheduler", "--host", "127.0.0.1", "--port", "0",
          "--dashboard-address", "127.0.0.1:0", "--preload", "scheduler_plugins.planner"],
         stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, start_new_session=True,
-        env={**env, "DASK_LOGGING__DISTRIBUTED": "info"})
+        preexec_fn=_die_with_parent, env={**env, "DASK_LOGGING__DISTRIBUTED": "info"})
     workers: list[subprocess.Popen] = []
     try:
         address = wait_for_line(scheduler, r"Scheduler at:\s+(\S+)", log=log)
         _drain(scheduler, log)
         workers += [subprocess.Popen(
             [str(BIN / "dask"), "worker", address, "--host", "127.0.0.1", "--no-dashboard",
-             "--memory-limit", "4GiB", *line],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+             "--memory-limit", "4GiB", "--death-timeout", "60", *line],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True,
+            preexec_fn=_die_with_parent)
             for line in _worker_lines(corpus, constructors)]
         with Client(address, set_as_default=False, timeout=60) as client:
             client.wait_for_workers(len(workers), timeout=START_TIMEOUT_S)
