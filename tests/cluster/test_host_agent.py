@@ -168,6 +168,7 @@ def test_a_killed_agent_changes_nothing_the_ranks_receive(mdata_cluster, client,
     assert len({got[r][1] for r in range(RANKS)}) == RANKS  # then each went on with its own client
 
 
+@pytest.mark.slow  # an agent's loss by default: test_a_killed_agent_changes_nothing_the_ranks_receive
 def test_the_agent_exits_when_its_ranks_are_killed(mdata_cluster, client, example_sources_small):
     """Ranks killed with SIGKILL never say goodbye: the agent sees their processes gone."""
     from agent_trainer import Inbox, trainer
@@ -264,6 +265,7 @@ def test_a_killed_rank_restarted_takes_its_rank_back_from_the_agent(mdata_cluste
     assert len({r[1] for r in results.values()}) == 1  # all four, the restart too, on the agent
 
 
+@pytest.mark.slow  # broadcast through a shared client by default: test_broadcast_fed.py, test_host_agent's own four-process run
 def test_ranks_fed_by_broadcast_ask_nothing_per_step_through_the_agent(
         mdata_cluster, client, example_sources_small, reference):
     """Ranks 1 and 3 (TP rank 1) get their batch by broadcast: through the agent they take each

@@ -178,6 +178,7 @@ def test_trainers_ride_out_an_outage_longer_than_their_timeout(outage_cluster, r
         close(client, "past-timeout")
 
 
+@pytest.mark.slow  # outages past the timeouts by default: the other two tests here; a lost loader: test_shadow_loaders.py
 def test_a_loader_lost_during_an_outage_does_not_fail_the_job_at_the_chunk_wait(
         outage_cluster, reference_steps):
     """kill -9 the loader holding the job's chunks and then the constructor while storage is

@@ -137,6 +137,7 @@ def test_a_source_no_worker_serves_fails_the_registering_trainer_quickly(client,
     assert outcome["seconds"] < POOL_WAIT + 15  # planner.pool-wait, then the answer
 
 
+@pytest.mark.slow  # registration by default: the other tests of this file
 def test_a_second_job_registers_while_the_first_ones_listing_hangs(client, example_sources_small):
     sources = by_name(example_sources_small)
     silent = SilentServer()

@@ -21,7 +21,6 @@ def assert_quiet(proc) -> None:
     assert "Failed to reconnect" not in proc.stderr, proc.stderr[-6000:]
 
 
-@pytest.mark.slow  # `python benchmarks/run.py --only mixture balance --quick` runs the same; the control quick run checks the harness by default
 def test_quick_run_reports_mixture_and_balance_figures(tmp_path: Path) -> None:
     proc, figures = quick_benchmarks(tmp_path, "mixture", "balance", timeout=280)
     assert figures["_quick"] is True
@@ -81,6 +80,7 @@ def test_quick_run_reports_end_to_end_figures(tmp_path: Path) -> None:
         assert figures[f"e2e.seconds.bubble.{side}"] >= -1e-9
 
 
+@pytest.mark.slow  # 60 s; `python benchmarks/run.py --only control --quick` runs the same (docs/benchmarks.md)
 def test_quick_run_reports_control_plane_figures(tmp_path: Path) -> None:
     """``--only control --quick``: the real scheduler served real Loaders at two world sizes in
     each sweep, and the figures the scale docs quote are all there and physical."""
