@@ -66,11 +66,11 @@ def consume_us_per_rank(address: str, sources, *, ranks: int, dp: int, job: str,
     (see the module docstring); ``{"us_per_rank", "per_step_us", "ranks", "dp"}``."""
     from distributed import Client
 
-    from benchmarks.control_plane import _plan
+    from benchmarks.control_job import job_plan
     from mdata.driver import JobHandle, submit_job
 
     with Client(address, set_as_default=False) as client:
-        plan = _plan(sources, dp, ranks // dp).window(steps + 1)
+        plan = job_plan(sources, dp, ranks // dp).window(steps + 1)
         submit_job(client, plan, job=job)
         try:
             out = client.run_on_scheduler(_measure, job=job, ranks=ranks, steps=steps)
