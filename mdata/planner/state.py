@@ -199,7 +199,11 @@ class PlannerState:
     def checkpoint(self, step: int, *, with_listings: bool = False, light: bool = False) -> Checkpoint:
         """The checkpoint as of having consumed every step before ``step`` (``with_listings``,
         ``light``: see :func:`~mdata.planner.checkpoints.take_checkpoint`)."""
-        return take_checkpoint(self, step, with_listings=with_listings, light=light)
+        return take_checkpoint(
+            step, identity=self.identity, provisioner=self.provisioner, steps=self.steps,
+            cursors=self.cursors, consumed=self.consumed_step, balanced=self.balanced_step,
+            planned=self.planned_step, seed=self.plan.seed_value, with_listings=with_listings,
+            light=light)
 
     @classmethod
     def from_checkpoint(
@@ -211,7 +215,8 @@ class PlannerState:
         ckpt = as_checkpoint(checkpoint)
         resume = plan_resume(ckpt, plan, listings, options or ResumeOptions())  # before building
         state = cls(plan, listings, appended=resume.appended, **kwargs)
-        restore_checkpoint(state, ckpt, resume)
+        step, state.cursors = restore_checkpoint(state.provisioner, ckpt, resume)
+        state.consumed_step = state.balanced_step = state.planned_step = step
         state.resume = resume
         return state
 
@@ -244,7 +249,8 @@ class PlannerState:
 
     # -- events --------------------------------------------------------------------------------
     def _on_tick(self, ev: Tick) -> list[Instruction]:
-        return list(pool_targets_on_tick(self, ev))
+        return pool_targets_on_tick(ev, self.pool_sizer, self.provisioner, self.global_batch, self.window,
+                                    (self.consumed_step, self.balanced_step, self.planned_step))
 
     def _on_chunk_loaded(self, ev: ChunkLoaded) -> list[Instruction]:
         ref = ev.chunk
