@@ -37,6 +37,7 @@ PUBLIC_MODULES = (
     "mdata.driver",
     "mdata.planner",
     "mdata.metadata",
+    "mdata.pools",
     "mdata.checkpoint",
     "mdata.ids",
     "mdata.errors",

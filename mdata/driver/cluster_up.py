@@ -60,8 +60,8 @@ def _layout_to_serve(plan, args: argparse.Namespace):
     import os
 
     from mdata import config
-    from mdata.pool_layout import layout_for_plan
-    from mdata.profile import Profile
+    from mdata.pools.layout import layout_for_plan
+    from mdata.pools.profile import Profile
 
     rate = getattr(args, "rate", None)
     cores = None

@@ -14,7 +14,7 @@ import numpy as np
 from mdata.planner.apportion import Provisioner
 from mdata.planner.events import Tick
 from mdata.planner.instructions import PoolTarget
-from mdata.pool_demand import PoolSizer
+from mdata.pools.demand import PoolSizer
 
 __all__ = ["pool_targets_on_tick", "weights_ahead"]
 

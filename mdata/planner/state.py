@@ -58,7 +58,7 @@ from mdata.planner.pool_ticks import pool_targets_on_tick
 from mdata.planner.quarantine import Quarantine
 from mdata.planner.resume import Resume, ResumeOptions, plan_resume
 from mdata.planner.selection import select_samples
-from mdata.pool_demand import PoolSizer
+from mdata.pools.demand import PoolSizer
 
 __all__ = ["PlannerState"]
 
