@@ -4,16 +4,16 @@ The pure Planner keeps the lineage of its last ``mdata.planner.lineage-steps`` c
 memory and hands each older range of steps to :meth:`LineageStore.spill` (its ``lineage_sink``),
 in the planning thread while the job's lock is held. The range is readable at once (pending, in
 memory) and a background thread writes it as Parquet files at ``mdata.planner.lineage-spill``
-(:mod:`mdata.lineage_spill`), after which only the files' footers stay in memory: the scheduler's
+(:mod:`mdata.lineage.spill`), after which only the files' footers stay in memory: the scheduler's
 memory stays flat however long the run.
 
-Nothing here grows without bound (decisions: :mod:`mdata.lineage_limits`): ranges waiting for
+Nothing here grows without bound (decisions: :mod:`mdata.lineage.limits`): ranges waiting for
 storage are capped in bytes (the oldest dropped first), a range is retried a bounded number of
 times, and retention deletes the oldest files; what was let go is said in the job's status
 (``status()["lineage"]``) and on the dashboard's lineage page. Training never waits on any of it.
 
 Neither writing nor reading waits on storage on the event loop: the writer is its own thread,
-and a story copies the DGraph's part under the lock (:class:`~mdata.lineage_spill.StoryQuery`,
+and a story copies the DGraph's part under the lock (:class:`~mdata.lineage.spill.StoryQuery`,
 cheap) and reads the spilled files in a thread (:func:`story`), or on the dashboard's page, in
 an executor whose result the next refresh shows (:func:`submit`). Where this runs:
 docs/dev/architecture.md.
@@ -33,13 +33,13 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from mdata.errors import MdataError, SampleNotPlannedError
-from mdata.ids import SampleId
-from mdata.lineage import LineageSegment
-from mdata.lineage_limits import (
+from mdata.lineage.ids import SampleId
+from mdata.lineage.events import LineageSegment
+from mdata.lineage.limits import (
     PENDING_CAP, RETENTION, WRITE_FAILED, LineageGaps, SpillLimits, WrittenRange, format_bytes,
 )
-from mdata.lineage_spill import TABLES, SpilledLineage, SpillRange, StoryQuery
-from mdata.sample_lookup import check_sample_exists, not_planned
+from mdata.lineage.spill import TABLES, SpilledLineage, SpillRange, StoryQuery
+from mdata.lineage.sample_lookup import check_sample_exists, not_planned
 from mdata.wire.lineage_status import LineageSpillInfo
 
 if TYPE_CHECKING:
@@ -71,7 +71,7 @@ class LineageStore:
 
     ``url`` is this run's own folder (an fsspec URL; ``storage_options`` go to its filesystem, else
     fsspec's own configuration applies); ``scratch`` folders are deleted on close. ``limits``
-    bound memory, retries and files (default: :class:`~mdata.lineage_limits.SpillLimits`).
+    bound memory, retries and files (default: :class:`~mdata.lineage.limits.SpillLimits`).
     """
 
     def __init__(self, url: str, *, scratch: bool = False, limits: SpillLimits | None = None,
@@ -303,7 +303,7 @@ def story_sample(runtime: "JobRuntime", sample_id: str) -> SampleId:
 
 def never_planned(runtime: "JobRuntime", sid: SampleId) -> SampleNotPlannedError:
     """What a story lookup that found no occurrence of ``sid`` answers: not planned so far, and
-    which lineage is no longer there to tell (:func:`mdata.sample_lookup.not_planned`)."""
+    which lineage is no longer there to tell (:func:`mdata.lineage.sample_lookup.not_planned`)."""
     store = getattr(runtime, "lineage", None)
     return not_planned(sid, runtime.job, runtime.view.planned_step,
                        forgotten_before=int(runtime.state.dgraph.forgotten_before) if store is None else 0,

@@ -39,7 +39,7 @@ PUBLIC_MODULES = (
     "mdata.metadata",
     "mdata.pools",
     "mdata.checkpoint",
-    "mdata.ids",
+    "mdata.lineage.ids",
     "mdata.errors",
 )
 

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from mdata.errors import MdataError
-from mdata.ids import SampleId
+from mdata.lineage.ids import SampleId
 from mdata.wire.messages import (
     CheckpointRequest, CloseJobRequest, JobInfoRequest, JobsRequest, JobStorageWaitsRequest,
     LineageRequest, Request, StatusRequest, StoryRequest, ask_sync,

@@ -38,7 +38,7 @@ import numpy as np
 
 from mdata.checkpoint import Checkpoint
 from mdata.errors import MdataError, TrainerError
-from mdata.lineage import DGraph, LineageSegment
+from mdata.lineage.dgraph import DGraph, LineageSegment
 from mdata.mixing import MixtureSchedule
 from mdata.order import ChunkRef, SourceOrder
 from mdata.plan import Plan
@@ -74,8 +74,8 @@ class PlannerState:
     ``pool_sizer`` decides :class:`PoolTarget` instructions on :class:`Tick` events.
     ``lineage_steps`` keeps the lineage of that many consumed steps (None: all of it);
     ``lineage_sink``, when given, receives each older range of lineage as a
-    :class:`~mdata.lineage.LineageSegment` instead of it being forgotten (the runtime spills it
-    to files, :mod:`mdata.lineage_spill`). It is called while events are handled: it must only
+    :class:`~mdata.lineage.events.LineageSegment` instead of it being forgotten (the runtime spills it
+    to files, :mod:`mdata.lineage.spill`). It is called while events are handled: it must only
     hand the segment over, not write it.
     ``appended``: growths of sources' listings a resume accepted (see :mod:`mdata.order`).
     """

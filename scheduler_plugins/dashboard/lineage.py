@@ -21,7 +21,7 @@ from bokeh.layouts import column, row
 from bokeh.models import ColumnDataSource, DataTable, Div, TableColumn, TextInput
 
 from mdata.errors import MdataError
-from mdata.ids import SampleId
+from mdata.lineage.ids import SampleId
 from scheduler_plugins import lineage_store
 from scheduler_plugins.dashboard.common import JobSelect, job_message, show
 from scheduler_plugins.dashboard.figures import STORY_COLUMNS, story_sample, story_table
