@@ -27,9 +27,9 @@ from typing import Any, TypeVar
 import numpy as np
 
 from mdata import planner as ps
-from mdata.data_waits import DataWaitLedger
+from mdata.observe.data_waits import DataWaitLedger
 from mdata.errors import MdataError
-from mdata.observe import LoadHistory, SourceMeter, TrainerMeter
+from mdata.observe.meters import LoadHistory, SourceMeter, TrainerMeter
 from mdata.sources import SourceStorageWait
 from mdata.sources.shards import ListingExpectations
 from mdata.wire.messages import (
@@ -152,7 +152,7 @@ class JobRuntime:
         self.consumed_steps: dict[int, int] = {}
         self.rank_dp: list[int] = plan.mesh.coordinates().dp.tolist()  # each rank's DP group
         self.started = time.time()
-        # What the dashboard shows (mdata.observe): loads per source, trainer waits per step.
+        # What the dashboard shows (mdata.observe.meters): loads per source, trainer waits per step.
         self.source_meter = SourceMeter(tuple(plan.source_names), now=time.monotonic())
         self.trainer_meter = TrainerMeter()
         self.data_waits = DataWaitLedger()  # the loops' exposed waits, each blamed on a source
@@ -538,7 +538,7 @@ class JobRuntime:
         checked by the handler), queued for the Planner now as a few events per step and DP
         group (:mod:`scheduler_plugins.consumption`), without waiting for them to be applied,
         so the message that carried them is answered at once. ``waits`` feed the dashboard's
-        waiting page (:mod:`mdata.data_waits`). Per entry, the steps told first."""
+        waiting page (:mod:`mdata.observe.data_waits`). Per entry, the steps told first."""
         events, firsts = consumption_events(self, told)
         if events:
             self._enqueue(events)

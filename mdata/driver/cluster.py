@@ -130,8 +130,8 @@ class MdataCluster:
     @property
     def dashboard_links(self) -> dict[str, str]:
         """Every mdata dashboard page's URL by title (``sources``, ``waiting``...; the table:
-        :data:`mdata.dashboard_pages.PAGES`); empty when the cluster serves no dashboard."""
-        from mdata.dashboard_pages import page_urls
+        :data:`mdata.observe.dashboard_pages.PAGES`); empty when the cluster serves no dashboard."""
+        from mdata.observe.dashboard_pages import page_urls
 
         link = self.cluster.dashboard_link
         return page_urls(link) if link else {}

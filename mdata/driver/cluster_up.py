@@ -18,14 +18,14 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from mdata.dashboard_pages import PAGES, page_lines
+from mdata.observe.dashboard_pages import PAGES, page_lines
 from mdata.driver.cluster import start_cluster
 from mdata.errors import MdataError, PlanError
 from mdata.gc_freeze import dedicate_process
 
 __all__ = ["cluster_up_cli", "dashboard_lines"]
 
-#: mdata's dashboard pages by title (the table: :data:`mdata.dashboard_pages.PAGES`)
+#: mdata's dashboard pages by title (the table: :data:`mdata.observe.dashboard_pages.PAGES`)
 MDATA_PAGES = tuple(page.title for page in PAGES)
 
 

@@ -3,7 +3,7 @@
 Panels and routes both call these functions, so what a page draws and what ``/mdata/api/...``
 answers are the same numbers. Each function reads one job's runtime (step summaries recorded from
 the Planner's ``StepReady`` instructions, pool targets with their reasons, the meters of
-:mod:`mdata.observe`, the Planner's counters from its published ``view``) and the scheduler's
+:mod:`mdata.observe.meters`, the Planner's counters from its published ``view``) and the scheduler's
 worker table; none of them changes anything. They run on the scheduler's event loop, where the
 runtime's own bookkeeping runs, so they see it consistently; the Planner's state itself is written
 by the planning thread, so only the story functions read it (its DGraph), with the runtime's lock
@@ -243,7 +243,7 @@ def trainers_figures(runtime: "JobRuntime") -> dict[str, Any]:
 def waiting_figures(runtime: "JobRuntime") -> dict[str, Any]:
     """Is training waiting on data, on which rank, on which source? Per rank, each step's exposed
     wait (the training loop blocked in the Loader), when it was told (seconds since the job
-    started) and the source it is attributed to (:mod:`mdata.data_waits`; ``""``: too short to
+    started) and the source it is attributed to (:mod:`mdata.observe.data_waits`; ``""``: too short to
     blame); totals per rank and per source, and ``answer``: the question answered in a sentence."""
     ledger = runtime.data_waits
     offset = time.time() - time.monotonic() - runtime.started  # the ledger's clock is monotonic
