@@ -31,14 +31,15 @@ async def _measure(dask_scheduler=None, job: str = "", ranks: int = 0, steps: in
 
     from mdata.wire.host_location import ConsumedRequest, ConsumedTell
     from mdata.wire.trainers import AttachRequest
+    from scheduler_plugins.job_trainers import attach
     from scheduler_plugins.stream_tells import take_tells
 
     runtime = dask_scheduler.extensions["mdata"].jobs[job]
     leases: dict[int, tuple[str, int]] = {}
     for rank in range(ranks):
         token = f"consume-bench-{rank:06d}-{'0' * 16}"
-        reply = await runtime.attach(AttachRequest(job=job, rank=rank, client="consume-bench",
-                                                   token=token, host="bench", pid=1))
+        reply = await attach(runtime, AttachRequest(job=job, rank=rank, client="consume-bench",
+                                                    token=token, host="bench", pid=1))
         leases[rank] = (token, reply.generation)
     deadline = time.monotonic() + timeout
     while runtime.view.balanced_step < steps:
