@@ -3,7 +3,8 @@ that ``from mdata.standbys import StandbyBook`` keeps working; new code imports 
 :mod:`mdata.pools`."""
 
 from mdata.pools.standbys import (
-    POOL_PREFIX, STANDBY_PREFIX, Role, RoleChange, StandbyBook, Warm, pool_resource, role_of, standby_resource,
+    POOL_PREFIX, STANDBY_PREFIX, Role, RoleChange, StandbyBook, Warm, pool_resource, role_of,
+    standby_resource,
 )
 
 __all__ = ["POOL_PREFIX", "STANDBY_PREFIX", "Role", "RoleChange", "Warm", "StandbyBook", "role_of",

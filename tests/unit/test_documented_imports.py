@@ -54,7 +54,8 @@ MOVED = [
     ("mdata.profile", "mdata.pools.profile",
      ("PROFILE_VERSION", "Profile", "SourceProfile", "default_profile_path", "parallel_fraction")),
     ("mdata.profile", "mdata.pools.profiling", ("profile_source", "profile_sources")),
-    ("mdata.pool_scaling", "mdata.pools.scaling", ("PoolDecision", "pool_targets", "merge_jobs", "as_decision")),
+    ("mdata.pool_scaling", "mdata.pools.scaling",
+     ("PoolDecision", "pool_targets", "merge_jobs", "as_decision")),
     ("mdata.standbys", "mdata.pools.standbys",
      ("POOL_PREFIX", "STANDBY_PREFIX", "Role", "RoleChange", "Warm", "StandbyBook", "role_of",
       "pool_resource", "standby_resource")),
@@ -81,6 +82,15 @@ def test_an_old_path_hands_out_the_objects_of_its_new_home(old: str, new: str,
     for name in names:
         assert getattr(before, name) is getattr(home, name), f"{old}.{name} is not {new}.{name}"
     assert set(names) <= set(getattr(before, "__all__", names)), f"{old}.__all__ lost a name"
+
+
+def test_submit_job_still_answers_where_it_lived_before_the_driver_had_it() -> None:
+    """``submit_job`` moved from the trainer's loader module to :mod:`mdata.driver.submit`; the old
+    module answers the name lazily (a trainer process never imports the driver for it)."""
+    from mdata.driver import submit_job
+    from mdata.trainer import loader
+
+    assert loader.submit_job is submit_job
 
 
 def test_the_plan_value_classes_keep_the_paths_plan_specs_name() -> None:
