@@ -1,6 +1,6 @@
 """The baseline's streaming Parquet reader: what a competent per-rank loader does with big row groups.
 
-:class:`~benchmarks.baseline.SourceStream` reads chunks through :func:`mdata.sources.load_chunk`,
+:class:`~benchmarks.baseline_source.SourceStream` reads chunks through :func:`mdata.sources.load_chunk`,
 which decodes every row group a chunk overlaps. With production row groups (32-128 MiB decoded)
 that would hold a whole row group per source in every worker, which no careful loader does. This
 stream reads the way pyarrow streams best:
@@ -31,7 +31,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from benchmarks.baseline import SourceStream
+from benchmarks.baseline_source import SourceStream
 from mdata.sources import ChunkContext, ReaderCache, SampleChunk, SampleOutput, Source
 from mdata.sources.fields import bytes_child
 
@@ -65,7 +65,7 @@ def transform_columns(source: Source, shard: int, path: str, rows: np.ndarray,
 
 
 class StreamingSourceStream(SourceStream):
-    """Drop-in for :class:`~benchmarks.baseline.SourceStream` that streams row groups."""
+    """Drop-in for :class:`~benchmarks.baseline_source.SourceStream` that streams row groups."""
 
     def __init__(self, source: Source, source_index: int, *, index: int, num_streams: int,
                  seed: int, cache: ReaderCache, load: Callable | None = None) -> None:

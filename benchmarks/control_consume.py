@@ -31,14 +31,15 @@ async def _measure(dask_scheduler=None, job: str = "", ranks: int = 0, steps: in
 
     from mdata.wire.host_location import ConsumedRequest, ConsumedTell
     from mdata.wire.trainers import AttachRequest
+    from scheduler_plugins.job_trainers import attach
     from scheduler_plugins.stream_tells import take_tells
 
     runtime = dask_scheduler.extensions["mdata"].jobs[job]
     leases: dict[int, tuple[str, int]] = {}
     for rank in range(ranks):
         token = f"consume-bench-{rank:06d}-{'0' * 16}"
-        reply = await runtime.attach(AttachRequest(job=job, rank=rank, client="consume-bench",
-                                                   token=token, host="bench", pid=1))
+        reply = await attach(runtime, AttachRequest(job=job, rank=rank, client="consume-bench",
+                                                    token=token, host="bench", pid=1))
         leases[rank] = (token, reply.generation)
     deadline = time.monotonic() + timeout
     while runtime.view.balanced_step < steps:
@@ -66,11 +67,11 @@ def consume_us_per_rank(address: str, sources, *, ranks: int, dp: int, job: str,
     (see the module docstring); ``{"us_per_rank", "per_step_us", "ranks", "dp"}``."""
     from distributed import Client
 
-    from benchmarks.control_plane import _plan
+    from benchmarks.control_job import job_plan
     from mdata.driver import JobHandle, submit_job
 
     with Client(address, set_as_default=False) as client:
-        plan = _plan(sources, dp, ranks // dp).window(steps + 1)
+        plan = job_plan(sources, dp, ranks // dp).window(steps + 1)
         submit_job(client, plan, job=job)
         try:
             out = client.run_on_scheduler(_measure, job=job, ranks=ranks, steps=steps)

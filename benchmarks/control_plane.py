@@ -89,8 +89,10 @@ import time
 from pathlib import Path
 
 from benchmarks.control_cluster import cluster as _cluster
+from benchmarks.control_cluster import cpu_seconds
 from benchmarks.control_consume import consume_us_per_rank
 from benchmarks.control_floor import request_floor_us
+from benchmarks.control_job import job_plan
 from benchmarks.harness import figure
 
 __all__ = ["run", "sweep_point"]
@@ -101,12 +103,6 @@ RANKS_PER_GROUP = 8
 MAX_RANKS_PER_HOST = 64
 WARMUP = 3
 TIMEOUT = 300.0
-
-
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU of one process (all its threads, not its children), from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class _CpuSampler(threading.Thread):
@@ -120,7 +116,7 @@ class _CpuSampler(threading.Thread):
 
     def run(self) -> None:
         while not self._done.is_set():
-            self.samples.append((time.time(), _cpu_seconds(self.pid)))
+            self.samples.append((time.time(), cpu_seconds(self.pid)))
             time.sleep(self.interval)
 
     def stop(self) -> None:
@@ -227,18 +223,6 @@ def _set_freeze(dask_scheduler=None, on: bool = True) -> int:
     return gc.get_freeze_count()
 
 
-def _plan(sources, dp: int, tp: int, broadcast: str | None = None):
-    from mdata.cost import AttentionCost
-    from mdata.mesh import ClientPlaceTree
-    from mdata.plan import Plan
-
-    text = [s for s in sources if s.name in ("chat", "code")]
-    return (Plan(text).mix({s.name: 1.0 for s in text})
-            .cost(AttentionCost(a=1.0, b=2048.0))
-            .balance(micro_batches=1, max_tokens=4096, global_batch=2 * dp)
-            .distribute(ClientPlaceTree(dp=dp, tp=tp)).broadcast_at(broadcast).seed(3))
-
-
 def _percentile(values: list[float], q: float) -> float:
     values = sorted(values)
     return values[min(len(values) - 1, max(0, math.ceil(q * len(values)) - 1))] if values else float("nan")
@@ -286,7 +270,7 @@ def sweep_point(address: str, pid: int, sources, *, n: int, dp: int, steps: int,
     from mdata.driver import JobHandle, submit_job
 
     with Client(address, set_as_default=False) as client:
-        submit_job(client, _plan(sources, dp, n // dp, broadcast), job=job)
+        submit_job(client, job_plan(sources, dp, n // dp, broadcast), job=job)
         if freeze is not None:
             client.run_on_scheduler(_set_freeze, on=freeze)
         client.run_on_scheduler(_install_loop_probe)

@@ -70,12 +70,13 @@ def one_run(address: str, sources, *, job: str, agent: bool, steps: int, ranks: 
             rtts_n: int = 20) -> dict:
     from distributed import Client
 
-    from benchmarks.control_plane import _plan, _read_messages
+    from benchmarks.control_job import job_plan
+    from benchmarks.control_plane import _read_messages
     from mdata.driver import JobHandle, submit_job
 
     with Client(address, set_as_default=False) as client:
         dp = 2 if ranks > 1 else 1
-        submit_job(client, _plan(sources, dp, ranks // dp), job=job)
+        submit_job(client, job_plan(sources, dp, ranks // dp), job=job)
         before, seen, stop = _clients(client), [], threading.Event()
 
         def watch() -> None:

@@ -86,7 +86,8 @@ def _slope(sizes: dict[int, int], after: int) -> float:
 
 def run(quick: bool) -> dict:
     from benchmarks.harness import figure
-    from scheduler_plugins.lineage_store import LineageStore, story_query
+    from scheduler_plugins.lineage_store import LineageStore
+    from scheduler_plugins.stories import story_query
 
     steps, retention = (2000, 200) if quick else (10_000, 1000)
     marks = (steps // 10, steps // 2, steps)

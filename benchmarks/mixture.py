@@ -9,8 +9,8 @@ from the example corpus's five sources with the same weights and seed:
   (``benchmarks/workload.py``).
 * **baseline** — the per-rank DataLoader of ``benchmarks/baseline.py``: each rank's step comes
   from one of its ``W`` workers (round-robin, as a DataLoader delivers), whose seeded
-  :class:`~benchmarks.baseline.WeightedChooser` picks each sample's source; rows come from the
-  same :class:`~benchmarks.baseline.SourceStream` chunk order. Each rank takes an equal share of
+  :class:`~benchmarks.baseline_source.WeightedChooser` picks each sample's source; rows come from the
+  same :class:`~benchmarks.baseline_source.SourceStream` chunk order. Each rank takes an equal share of
   the samples.
 * **torchdata** — ``torchdata.nodes.MultiNodeWeightedSampler`` per rank (``rank=``,
   ``world_size=``, ``StopCriteria.CYCLE_FOREVER``) over the same source streams.
@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from benchmarks.baseline import Sample, SourceStream, WeightedChooser
+from benchmarks.baseline_source import Sample, SourceStream, WeightedChooser
 from benchmarks.harness import figure
 from benchmarks.workload import CorpusProfile, corpus_dir, corpus_profile
 from mdata.cost import AttentionCost

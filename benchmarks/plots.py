@@ -22,24 +22,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-OUT = HERE.parent / "docs" / "benchmarks"
-
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save(plt, fig, path: Path) -> Path:
-    """Write one figure as PNG and free it (every plot ends the same way)."""
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+from benchmarks.plot_files import OUT, pyplot, save  # noqa: E402
 
 
 def plot_balance(figures: dict, out: Path) -> Path | None:
@@ -47,7 +30,7 @@ def plot_balance(figures: dict, out: Path) -> Path | None:
                   if (m := re.fullmatch(r"balance\.makespan_vs_lb_(\d+k)_dp(\d+)", k)))
     if not rows:
         return None
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for ctx in sorted({r[0] for r in rows}):
         sel = [(dp, k) for c, dp, k in rows if c == ctx]
@@ -58,7 +41,7 @@ def plot_balance(figures: dict, out: Path) -> Path | None:
     ax.set(xscale="log", xlabel="DP ranks", ylabel="step makespan / lower bound",
            title="Balancing on the corpus's token lengths")
     ax.legend()
-    return _save(plt, fig, out / "balance_makespan.png")
+    return save(plt, fig, out / "balance_makespan.png")
 
 
 def plot_mixture(out: Path, steps: int = 200) -> Path:
@@ -66,7 +49,7 @@ def plot_mixture(out: Path, steps: int = 200) -> Path:
 
     result = realised_counts(steps)
     target = result.pop("_weights")[0]
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, (counts, _) in result.items():
         ax.plot(_deviation(counts, target), lw=1, label=name)
@@ -74,7 +57,7 @@ def plot_mixture(out: Path, steps: int = 200) -> Path:
     ax.set(xlabel="step", ylabel="max |realised - weight|", yscale="log",
            title=f"Mixture per step ({GLOBAL_BATCH} samples)")
     ax.legend()
-    return _save(plt, fig, out / "mixture_deviation.png")
+    return save(plt, fig, out / "mixture_deviation.png")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,7 +21,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from benchmarks.plots import OUT, _plt, _save  # noqa: E402
+from benchmarks.plot_files import OUT, pyplot, save  # noqa: E402
 
 PARTS = ("balance", "bubbles", "data_stalls", "flops_per_token", "fixed")
 
@@ -29,7 +29,7 @@ PARTS = ("balance", "bubbles", "data_stalls", "flops_per_token", "fixed")
 def plot_throughput(curves: dict, out: Path) -> Path | None:
     if not curves.get("mdata") or not curves.get("baseline"):
         return None
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, style in (("baseline", "o-"), ("mdata", "s-")):
         xs, ys = zip(*curves[name])
@@ -38,7 +38,7 @@ def plot_throughput(curves: dict, out: Path) -> Path | None:
     ax.set(xlabel="simulated seconds", ylabel="tokens trained (millions)",
            title="Training progress, same data and trainer")
     ax.legend()
-    return _save(plt, fig, out / "e2e_throughput.png")
+    return save(plt, fig, out / "e2e_throughput.png")
 
 
 def plot_breakdown(figures: dict, out: Path) -> Path | None:
@@ -51,7 +51,7 @@ def plot_breakdown(figures: dict, out: Path) -> Path | None:
                        [figures[f"e2e.breakdown.local_best.{regime}.{p}"] for p in PARTS]))
     if not groups:
         return None
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     width = 0.8 / len(PARTS)
     for j, part in enumerate(PARTS):
@@ -62,7 +62,7 @@ def plot_breakdown(figures: dict, out: Path) -> Path | None:
     ax.set(ylabel="factor of the throughput ratio (> 1: mdata gains)",
            title="Where the end-to-end ratio comes from")
     ax.legend(fontsize=8)
-    return _save(plt, fig, out / "e2e_breakdown.png")
+    return save(plt, fig, out / "e2e_breakdown.png")
 
 
 def plot_sim_ratio(figures: dict, out: Path) -> Path | None:
@@ -78,7 +78,7 @@ def plot_sim_ratio(figures: dict, out: Path) -> Path | None:
     points = [p for pts in lines.values() for p in pts]
     if not points:
         return None
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, pts in lines.items():
         ax.plot([g for g, _ in pts], [v for _, v in pts], "s-", label=f"mdata / {name}")
@@ -87,7 +87,7 @@ def plot_sim_ratio(figures: dict, out: Path) -> Path | None:
            title="Simulated end-to-end ratio against GPU count")
     ax.set_xticks(sorted({g for g, _ in points}), [str(g) for g in sorted({g for g, _ in points})])
     ax.legend()
-    return _save(plt, fig, out / "e2e_sim_ratio.png")
+    return save(plt, fig, out / "e2e_sim_ratio.png")
 
 
 def plot_all(figures: dict, out: Path, curves: dict | None = None) -> list[Path]:

@@ -4,7 +4,7 @@ Two halves, each its own module so it can run alone (``python benchmarks/pools_p
 ``python benchmarks/pools_shift.py``):
 
 * :mod:`benchmarks.pools_partition`: ``pools.partition_vs_best``, steps/s at equal loader cores of
-  the layout computed from a profile (``mdata.pool_layout``) over the best of one pool per source
+  the layout computed from a profile (``mdata.pools.layout``) over the best of one pool per source
   and all sources in one pool, on native-size wallpapers mixed with cheap text.
 * :mod:`benchmarks.pools_shift`: a schedule moving from text-heavy to image-heavy mid-run on an
   embedded cluster with autoscaling on: ``pools.converge_intervals``,

@@ -10,7 +10,7 @@ they come, so steps/s is what the loader pools can feed.
 Three layouts of the same loader cores (4 in quick mode, 6 in full) (workers x threads, constructors and the
 Planner alike in each):
 
-* **computed**: :func:`mdata.pool_layout.fit_layout` on a fresh :func:`mdata.profile.profile_sources`
+* **computed**: :func:`mdata.pools.layout.fit_layout` on a fresh :func:`mdata.pools.profiling.profile_sources`
   of the plan's sources, the fastest layout that fits in those cores;
 * **one pool per source**: each source its own pool; the cores beyond one per pool go to the pools
   in proportion to their measured demand (largest remainder). A user without a profile could not
@@ -135,8 +135,8 @@ def steps_per_second(sources, plan: Plan, pools, *, warm: int, steps: int) -> fl
 
 def run(quick: bool = True) -> dict:
     from mdata.driver import layout_pools, PoolSpec
-    from mdata.pool_layout import fit_layout
-    from mdata.profile import profile_sources
+    from mdata.pools.layout import fit_layout
+    from mdata.pools.profiling import profile_sources
 
     cores, warm, steps, repeats = (4, 4, 24, 1) if quick else (6, 6, 80, 3)
     sources = _sources(16)

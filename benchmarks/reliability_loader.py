@@ -13,7 +13,7 @@
 
 Without a standby the Dask nanny restarts the dead loader and the chunks it held are loaded again
 in that cold process (new interpreter, imports, listing, footers, tokenizer); with one, the
-Planner promotes the standby, whose process already holds the sources open (mdata.standbys).
+Planner promotes the standby, whose process already holds the sources open (mdata.pools.standbys).
 """
 
 from __future__ import annotations

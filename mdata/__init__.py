@@ -5,7 +5,7 @@ imports the Dask-side packages ``scheduler_plugins`` and ``workers``.
 """
 
 from mdata.errors import *  # noqa: F401,F403
-from mdata.ids import SampleId
+from mdata.lineage.ids import SampleId
 
 __version__ = "0.1.0"
 __all__ = ["SampleId", "__version__"]

@@ -61,8 +61,8 @@ def _print_layout(plan, profile, args: argparse.Namespace) -> None:
     """The layout of ``plan`` from ``profile``: table, dask worker lines, optionally Kubernetes."""
     import os
 
-    from mdata.pool_layout import layout_for_plan
-    from mdata.pool_layout_text import dask_worker_commands, kubernetes_manifest
+    from mdata.pools.layout import layout_for_plan
+    from mdata.pools.layout_text import dask_worker_commands, kubernetes_manifest
 
     cores = None if args.rate is not None else (args.cores or os.cpu_count() or 1)
     layout = layout_for_plan(plan, profile, rate=args.rate, cores=cores, basis=args.basis)
@@ -79,7 +79,7 @@ def _layout_tls(args: argparse.Namespace) -> "tuple[str, str, str] | None":
     """The TLS files the printed lines name: the three options as given (paths on the hosts), or
     with ``--tls`` alone the manifest's mount paths; None for plain TCP."""
     from mdata.errors import PlanError
-    from mdata.pool_layout_text import TLS_MOUNT
+    from mdata.pools.layout_text import TLS_MOUNT
 
     given = (args.tls_ca_file, args.tls_cert, args.tls_key)
     if not args.tls and not any(given):
@@ -94,7 +94,8 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 
     from mdata.errors import MdataError
     from mdata.plan import Plan
-    from mdata.profile import default_profile_path, profile_sources
+    from mdata.pools.profile import default_profile_path
+    from mdata.pools.profiling import profile_sources
 
     try:
         plan = Plan.from_file(args.plan)
@@ -114,7 +115,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 def _cmd_plan_layout(args: argparse.Namespace) -> int:
     from mdata.errors import MdataError
     from mdata.plan import Plan
-    from mdata.profile import Profile
+    from mdata.pools.profile import Profile
 
     try:  # sources stay specs: the layout needs their names and the profile, not their code
         _print_layout(Plan.from_file(args.plan, build_sources=False), Profile.load(args.profile), args)

@@ -17,13 +17,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from mdata.errors import MdataError
+from mdata.planner.roster import TrainerRoster
 from mdata.wire.host_location import LocationAsk
 from mdata.wire.messages import BatchLocation, BatchLocationReply, Status
-
-if TYPE_CHECKING:
-    from scheduler_plugins.job_runtime import JobRuntime
+from scheduler_plugins.consumption import delivery_events
+from scheduler_plugins.job_runtime import JobRuntime
 
 __all__ = ["GATHER_S", "locate_many"]
 
@@ -32,7 +33,7 @@ __all__ = ["GATHER_S", "locate_many"]
 GATHER_S = 0.02
 
 
-async def locate_many(runtime: "JobRuntime", step: int, asks: Sequence[LocationAsk],
+async def locate_many(runtime: JobRuntime, step: int, asks: Sequence[LocationAsk],
                       timeout: float) -> list[BatchLocationReply]:
     """One reply per ask (see the module docstring), in the asks' order."""
     runtime.location_requests += 1  # what ranks asked for, next to what was pushed to them
@@ -42,15 +43,15 @@ async def locate_many(runtime: "JobRuntime", step: int, asks: Sequence[LocationA
     events: list = []
     for i, ask in enumerate(asks):
         if ask.token:
-            stale = runtime._stale(ask.rank, ask.token, ask.generation)
+            stale = _stale(runtime.roster, ask.rank, ask.token, ask.generation)
             if stale is not None:
                 replies[i] = stale
                 continue
-        if ask.delivered is not None and not runtime._closed:
-            events += runtime._delivery(ask.rank, ask.delivered, ask.token)
+        if ask.delivered is not None and not runtime.closed:
+            events += delivery_events(runtime, ask.rank, ask.delivered, ask.token)
         waiting[i] = (step, runtime.rank_dp[ask.rank])
     if events:
-        runtime._enqueue(events)  # queued now, before any later acknowledgement
+        runtime.enqueue(events)  # queued now, before any later acknowledgement
     began, asking = time.monotonic(), list(waiting)
     try:
         await _wait_and_answer(runtime, step, asks, waiting, replies, began + timeout)
@@ -62,14 +63,14 @@ async def locate_many(runtime: "JobRuntime", step: int, asks: Sequence[LocationA
     return [BatchLocationReply(Status.TIMEOUT) if r is None else r for r in replies]
 
 
-async def _wait_and_answer(runtime: "JobRuntime", step: int, asks: Sequence[LocationAsk],
+async def _wait_and_answer(runtime: JobRuntime, step: int, asks: Sequence[LocationAsk],
                            waiting: dict[int, tuple[int, int]],
                            replies: list[BatchLocationReply | None], deadline: float) -> None:
     gather_until: float | None = None
     checkpoint: list[Any] = []  # the step's checkpoint, looked up once for every rank
     while waiting:
         keys = set(waiting.values())
-        ready = {key for key in keys if runtime._ready(key)}
+        ready = {key for key in keys if _ready(runtime, key)}
         moved = answered = False
         for i, key in list(waiting.items()):
             if key in ready:
@@ -96,23 +97,24 @@ async def _wait_and_answer(runtime: "JobRuntime", step: int, asks: Sequence[Loca
             return
 
 
-async def _answer(runtime: "JobRuntime", step: int, ask: LocationAsk, key: tuple[int, int],
+async def _answer(runtime: JobRuntime, step: int, ask: LocationAsk, key: tuple[int, int],
                   checkpoint: list[Any]) -> BatchLocationReply | None:
     """The reply for a rank whose batch is ready (or whose job failed); None when the batch
     lost its holder and is being rebuilt."""
     if ask.token and ask.generation != runtime.roster.generation:  # rewound while waiting
-        stale = runtime._stale(ask.rank, ask.token, ask.generation)
+        stale = _stale(runtime.roster, ask.rank, ask.token, ask.generation)
         if stale is not None:
             return stale
     if runtime.failure is not None:
         return BatchLocationReply(Status.FAILED, reason=runtime.failure, error=runtime.failure_error)
-    if key in runtime.batch_errors:
-        reason, error = runtime.batch_errors[key]
+    batches = runtime.batches
+    if key in batches.errors:
+        reason, error = batches.errors[key]
         return BatchLocationReply(Status.FAILED, reason=reason, error=error)
-    fut = runtime.batch_futures[key]
-    who_has = runtime.who_has(fut.key)
+    fut = batches.futures[key]
+    who_has = batches.who_has(fut.key)
     if not who_has:
-        runtime._rebuilding(key, fut)  # Dask recomputes it
+        batches.lost(key, fut)  # Dask recomputes it
         return None
     if not checkpoint:
         found = runtime.view.checkpoint(step + 1)
@@ -132,13 +134,28 @@ async def _answer(runtime: "JobRuntime", step: int, ask: LocationAsk, key: tuple
     ))
 
 
-async def _any_ready(runtime: "JobRuntime", keys: set[tuple[int, int]]) -> None:
+async def _any_ready(runtime: JobRuntime, keys: set[tuple[int, int]]) -> None:
     """Until one of ``keys`` is ready (its batch built) or the job failed."""
-    while not any(runtime._ready(key) for key in keys):
-        waiters = {asyncio.ensure_future(runtime.batch_ready[key].wait()) for key in keys}
+    while not any(_ready(runtime, key) for key in keys):
+        waiters = {asyncio.ensure_future(runtime.batches.ready[key].wait()) for key in keys}
         waiters.add(asyncio.ensure_future(runtime.failed.wait()))
         try:
             await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
         finally:  # also when the long poll itself is cancelled (timeout, trainer gone)
             for waiter in waiters:
                 waiter.cancel()
+
+
+def _ready(runtime: JobRuntime, key: tuple[int, int]) -> bool:
+    """Whether a rank waiting for the batch of ``key`` can be answered: it is built, or the job
+    failed."""
+    return runtime.failed.is_set() or runtime.batches.is_built(key)
+
+
+def _stale(roster: TrainerRoster, rank: int, token: str, generation: int) -> BatchLocationReply | None:
+    """A FAILED reply for a Loader that lost its rank or whose generation is over."""
+    try:
+        roster.check(rank, token, generation)
+    except MdataError as exc:
+        return BatchLocationReply(Status.FAILED, reason=str(exc), error=exc)
+    return None

@@ -25,7 +25,29 @@ import numpy as np
 from mdata.planner.instructions import StepColumns
 from mdata.wire.construct import ConstructPart
 
-__all__ = ["split_groups", "ConstructParts", "part_of_step"]
+__all__ = ["CONSTRUCTOR_RESOURCE", "ConstructParts", "construct_settings", "constructor_slots",
+           "part_of_step", "split_groups"]
+
+#: The Dask worker resource of constructor threads: one construct task runs per unit of it.
+CONSTRUCTOR_RESOURCE = "mdata_constructor"
+
+
+def constructor_slots(scheduler: Any) -> int:
+    """Construct tasks the cluster's constructors run at once (their ``mdata_constructor``
+    resource, one per thread); at least 1, so that a job planned before its constructors
+    joined still has its batches queued."""
+    total = sum(ws.resources.get(CONSTRUCTOR_RESOURCE, 0) for ws in scheduler.workers.values())
+    return max(1, int(total))
+
+
+def construct_settings(plan: Any, wait_s: float) -> dict[str, Any]:
+    """The plan's batch settings every construct task of its job carries (:func:`part_of_step`);
+    ``wait_s``: how long a constructor waits for a chunk to be loaded
+    (``mdata.constructor.chunk-wait``)."""
+    image = plan.image_token_id
+    return dict(max_tokens=int(plan.balance_spec.max_tokens), cp=int(plan.mesh.cp),
+                pad_id=int(plan.pad_id), image_token_id=None if image is None else int(image),
+                wait_s=float(wait_s))
 
 
 def split_groups(dp_ranks: Sequence[int], slots: int) -> list[list[int]]:

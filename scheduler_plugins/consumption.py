@@ -23,12 +23,10 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 from mdata import planner as ps
-
-if TYPE_CHECKING:
-    from scheduler_plugins.job_runtime import JobRuntime
+from scheduler_plugins.job_runtime import JobRuntime
 
 __all__ = ["Told", "consumption_events", "delivery_events", "new_delivery"]
 
@@ -47,7 +45,7 @@ class Told(NamedTuple):
     waits: tuple[float, ...] = ()
 
 
-def consumption_events(runtime: "JobRuntime", told: Sequence[Told]) -> tuple[list, list[tuple[int, ...]]]:
+def consumption_events(runtime: JobRuntime, told: Sequence[Told]) -> tuple[list, list[tuple[int, ...]]]:
     """The Planner events of what ``told`` ranks consumed (see the module docstring), and per
     entry the steps its Loader told for the first time (a resend counts once in the counters;
     the Planner ignores a repeat). Counts each rank's figures as it goes."""
@@ -68,7 +66,7 @@ def consumption_events(runtime: "JobRuntime", told: Sequence[Told]) -> tuple[lis
             for step, wait in zip(steps, waits):
                 if math.isfinite(wait) and wait >= 0:  # -1: not measured
                     runtime.data_waits.waited(rank, step, wait, at=now, storage_waiting=storage)
-        if runtime._closed or not steps:
+        if runtime.closed or not steps:
             firsts.append(())
             continue
         dp = rank_dp[rank]
@@ -99,7 +97,7 @@ def _one_step(told: Sequence[Told]) -> bool:
     return len(steps) == 1 and all(t.steps == steps for t in told)
 
 
-def _one_step_events(runtime: "JobRuntime", told: Sequence[Told]) -> tuple[list, list[tuple[int, ...]]]:
+def _one_step_events(runtime: JobRuntime, told: Sequence[Told]) -> tuple[list, list[tuple[int, ...]]]:
     """:func:`consumption_events` of entries that all tell one step (:func:`_one_step`): the
     same events and counters, taken by collaborator for all ranks at once instead of rank by
     rank (each collaborator's ``*_many``)."""
@@ -112,7 +110,7 @@ def _one_step_events(runtime: "JobRuntime", told: Sequence[Told]) -> tuple[list,
         runtime.data_waits.waited_many(step, [r for r, _ in waited], [w for _, w in waited],
                                        at=time.monotonic(),
                                        storage_waiting=frozenset(runtime.storage_waits))
-    if runtime._closed:
+    if runtime.closed:
         return [], [()] * len(told)
     tokens = [t.token for t in told]
     firsts = runtime.told.first_many(step, ranks, tokens)
@@ -132,7 +130,7 @@ def _one_step_events(runtime: "JobRuntime", told: Sequence[Told]) -> tuple[list,
     return events, [(step,) if first else () for first in firsts]
 
 
-def delivery_events(runtime: "JobRuntime", rank: int, step: int, token: str) -> list:
+def delivery_events(runtime: JobRuntime, rank: int, step: int, token: str) -> list:
     """The delivery of ``step`` to ``rank`` as an event, unless that Loader told it already."""
     dp = runtime.rank_dp[rank]
     if not new_delivery(runtime, rank, dp, step, token):
@@ -141,7 +139,7 @@ def delivery_events(runtime: "JobRuntime", rank: int, step: int, token: str) -> 
                               stimulus_id=f"delivered-{rank}-{step}")]
 
 
-def new_delivery(runtime: "JobRuntime", rank: int, dp: int, step: int, token: str) -> bool:
+def new_delivery(runtime: JobRuntime, rank: int, dp: int, step: int, token: str) -> bool:
     """Whether ``rank`` (in DP group ``dp``, lease ``token``) receiving ``step`` is news to the
     Planner; remembers it. Not for a rank fed by broadcast, nor a step already retired."""
     consumed = runtime.view.consumed_step

@@ -1,4 +1,5 @@
-"""A closed job lets go of its Dask tasks before ``close_job`` answers.
+"""A job's Dask tasks on the scheduler: who holds one now, and letting go of all of them when the
+job closes, before ``close_job`` answers.
 
 A job's runtime holds its load, summary and construct tasks through futures of the Planner's own
 client. ``Future.release()`` only queues a release on that client's batched stream, which the
@@ -19,10 +20,18 @@ import asyncio
 import time
 from typing import Any
 
-__all__ = ["JOB_TASK_PREFIXES", "job_task_keys", "release_job_tasks", "release_job_tasks_settled"]
+__all__ = ["JOB_TASK_PREFIXES", "job_task_keys", "release_job_tasks", "release_job_tasks_settled",
+           "task_holders"]
 
 #: The key prefixes of a job's tasks: ``(prefix, job, ...)`` (mdata.order.chunk_key, the runtime).
 JOB_TASK_PREFIXES = frozenset({"mdata-load", "mdata-summary", "mdata-construct"})
+
+
+def task_holders(scheduler: Any, key: Any) -> list[str]:
+    """The addresses of the workers that hold task ``key``'s result now (none: not computed, or
+    lost with its worker)."""
+    ts = scheduler.tasks.get(key)
+    return [ws.address for ws in ts.who_has] if ts is not None and ts.who_has else []
 
 
 def job_task_keys(tasks: Any, job: str) -> list[tuple]:

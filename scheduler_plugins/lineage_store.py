@@ -4,25 +4,21 @@ The pure Planner keeps the lineage of its last ``mdata.planner.lineage-steps`` c
 memory and hands each older range of steps to :meth:`LineageStore.spill` (its ``lineage_sink``),
 in the planning thread while the job's lock is held. The range is readable at once (pending, in
 memory) and a background thread writes it as Parquet files at ``mdata.planner.lineage-spill``
-(:mod:`mdata.lineage_spill`), after which only the files' footers stay in memory: the scheduler's
+(:mod:`mdata.lineage.spill`), after which only the files' footers stay in memory: the scheduler's
 memory stays flat however long the run.
 
-Nothing here grows without bound (decisions: :mod:`mdata.lineage_limits`): ranges waiting for
+Nothing here grows without bound (decisions: :mod:`mdata.lineage.limits`): ranges waiting for
 storage are capped in bytes (the oldest dropped first), a range is retried a bounded number of
 times, and retention deletes the oldest files; what was let go is said in the job's status
 (``status()["lineage"]``) and on the dashboard's lineage page. Training never waits on any of it.
 
-Neither writing nor reading waits on storage on the event loop: the writer is its own thread,
-and a story copies the DGraph's part under the lock (:class:`~mdata.lineage_spill.StoryQuery`,
-cheap) and reads the spilled files in a thread (:func:`story`), or on the dashboard's page, in
-an executor whose result the next refresh shows (:func:`submit`). Where this runs:
-docs/dev/architecture.md.
+Writing never waits on storage on the event loop: the writer is its own thread. Stories over
+the whole run (the DGraph's part and the spilled files together) are
+:mod:`scheduler_plugins.stories`. Where this runs: docs/dev/architecture.md.
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import logging
 import re
 import tempfile
@@ -30,27 +26,20 @@ import threading
 import time
 import uuid
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from mdata.errors import MdataError, SampleNotPlannedError
-from mdata.ids import SampleId
-from mdata.lineage import LineageSegment
-from mdata.lineage_limits import (
+from mdata.lineage.events import LineageSegment
+from mdata.lineage.limits import (
     PENDING_CAP, RETENTION, WRITE_FAILED, LineageGaps, SpillLimits, WrittenRange, format_bytes,
 )
-from mdata.lineage_spill import TABLES, SpilledLineage, SpillRange, StoryQuery
-from mdata.sample_lookup import check_sample_exists, not_planned
+from mdata.lineage.spill import TABLES, SpilledLineage, SpillRange
 from mdata.wire.lineage_status import LineageSpillInfo
 
-if TYPE_CHECKING:
-    from scheduler_plugins.job_runtime import JobRuntime
-
-__all__ = ["LineageStore", "story", "story_query", "submit"]
+__all__ = ["LineageStore", "spill_url"]
 
 logger = logging.getLogger("mdata.planner")
 
 AUTO = "auto"
-_executor: concurrent.futures.ThreadPoolExecutor | None = None
 
 
 def spill_url(setting: Any) -> tuple[str | None, bool]:
@@ -71,7 +60,7 @@ class LineageStore:
 
     ``url`` is this run's own folder (an fsspec URL; ``storage_options`` go to its filesystem, else
     fsspec's own configuration applies); ``scratch`` folders are deleted on close. ``limits``
-    bound memory, retries and files (default: :class:`~mdata.lineage_limits.SpillLimits`).
+    bound memory, retries and files (default: :class:`~mdata.lineage.limits.SpillLimits`).
     """
 
     def __init__(self, url: str, *, scratch: bool = False, limits: SpillLimits | None = None,
@@ -280,55 +269,3 @@ class LineageStore:
                     self.fs.rm(self.root, recursive=True)
             except OSError:
                 logger.warning("mdata: could not remove scratch lineage folder %s", self.url)
-
-
-# -- stories over the whole run ------------------------------------------------------------------
-def story_sample(runtime: "JobRuntime", sample_id: str) -> SampleId:
-    """The sample id a page, a route or ``JobHandle.story`` asks about, checked against the job:
-    an MdataError for a malformed id or an unknown source, a SampleNotPlannedError for a shard or
-    row its source does not have (read from the job's listings, which never change)."""
-    try:
-        sid = SampleId.parse(sample_id)
-    except ValueError as exc:
-        raise MdataError(f"job {runtime.job!r}: {exc}") from None
-    names = list(runtime.view.names)
-    if sid.source not in names:
-        raise MdataError(
-            f"job {runtime.job!r}: unknown source {sid.source!r} in sample id {sample_id!r}; "
-            f"sources: {names}"
-        )
-    check_sample_exists(sid, runtime.job, runtime.state.orders[names.index(sid.source)].row_counts)
-    return sid
-
-
-def never_planned(runtime: "JobRuntime", sid: SampleId) -> SampleNotPlannedError:
-    """What a story lookup that found no occurrence of ``sid`` answers: not planned so far, and
-    which lineage is no longer there to tell (:func:`mdata.sample_lookup.not_planned`)."""
-    store = getattr(runtime, "lineage", None)
-    return not_planned(sid, runtime.job, runtime.view.planned_step,
-                       forgotten_before=int(runtime.state.dgraph.forgotten_before) if store is None else 0,
-                       lineage_note=store.note() if store is not None else "")
-
-
-def story_query(runtime: "JobRuntime", sid: SampleId) -> StoryQuery:
-    """What the story of ``sid`` needs: call it holding ``runtime.lock`` (or with it free, on the
-    loop), as the DGraph is copied from and the ranges spilled under that lock."""
-    store = getattr(runtime, "lineage", None)
-    ranges = store.ranges() if store is not None else ()
-    return StoryQuery.of(runtime.state.dgraph, ranges, sid.source, sid.shard, sid.row)
-
-
-async def story(runtime: "JobRuntime", sid: SampleId) -> list[tuple[int, list[dict[str, Any]]]]:
-    """Every occurrence of ``sid`` over the whole run; spilled files are read in a thread."""
-    query = await runtime.read_state(lambda state: story_query(runtime, sid))
-    if not query.ranges:
-        return query.run()  # all in memory: nothing to read
-    return await asyncio.to_thread(query.run)
-
-
-def submit(query: StoryQuery) -> concurrent.futures.Future:
-    """Run ``query`` in mdata's story thread (for callers that cannot await, like a page)."""
-    global _executor
-    if _executor is None:
-        _executor = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="mdata-story")
-    return _executor.submit(query.run)

@@ -16,6 +16,10 @@ roster, its ``version``, not rank by rank at every push), a batch without holder
 long-poll and wait for the rebuild), and when the job fails, rewinds or closes every subscriber
 gets a reset and the subscriptions end (the clients subscribe again with their next long poll).
 Counters (``messages``, ``locations``) say what was pushed; the cluster tests read them.
+
+The pusher is given the parts of the job it reads (the roster of leases, the job's
+:class:`~scheduler_plugins.built_batches.BuiltBatches`, its failure event, the checkpoint of a
+step), not the job's runtime, which creates it.
 """
 
 from __future__ import annotations
@@ -23,14 +27,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from mdata.errors import MdataError
+from mdata.planner.roster import TrainerRoster
 from mdata.wire.location_push import PUSH_OP, LocationPush, PushedGroup
-
-if TYPE_CHECKING:
-    from scheduler_plugins.job_runtime import JobRuntime
+from scheduler_plugins.built_batches import BuiltBatches
 
 __all__ = ["GATHER_S", "LocationPusher"]
 
@@ -41,10 +44,21 @@ GATHER_S = 0.005
 
 
 class LocationPusher:
-    """The push subscriptions of one job's clients (see the module docstring)."""
+    """The push subscriptions of one job's clients (see the module docstring).
 
-    def __init__(self, runtime: "JobRuntime") -> None:
-        self.runtime = runtime
+    ``job``: its name; ``scheduler``: whose client streams carry the pushes; ``roster``: the
+    job's leases; ``mesh``: the trainers' mesh; ``window``: steps planned ahead; ``batches``:
+    what is built; ``failed``: set while the job has failed; ``checkpoint_of(step)``: the
+    checkpoint a batch of ``step - 1`` travels with (None when the Planner's view has none).
+    """
+
+    def __init__(self, job: str, scheduler: Any, roster: TrainerRoster, mesh: Any, window: int,
+                 batches: BuiltBatches, failed: asyncio.Event,
+                 checkpoint_of: Callable[[int], Any]) -> None:
+        self.job, self.scheduler, self.roster, self.mesh = job, scheduler, roster, mesh
+        self.window = max(1, int(window))
+        self.batches, self.failed, self.checkpoint_of = batches, failed, checkpoint_of
+        self.closed = False  # the job closed: no subscription any more
         # client id -> rank -> (lease token, generation, cp_rank, receives_tokens, receives_labels)
         self.subs: dict[str, dict[int, tuple[str, int, int, bool, bool]]] = {}
         # DP rank -> client id -> its subscribed ranks in that group
@@ -63,14 +77,13 @@ class LocationPusher:
         """Subscribe ``client`` for the ranks of ``asks`` (LocationAsks whose leases were checked),
         asked for ``step``; groups already built for later steps are queued for it at once.
         False when the client has no stream to push on (then it keeps long-polling)."""
-        runtime = self.runtime
-        if client not in runtime.scheduler.client_comms or runtime._closed:
+        if client not in self.scheduler.client_comms or self.closed:
             return False
         mine = self.subs.setdefault(client, {})
-        mesh = runtime.plan.mesh
+        mesh = self.mesh
         fresh: set[int] = set()  # DP groups with a rank subscribed anew
         for ask in asks:
-            if not ask.token or runtime._stale(ask.rank, ask.token, ask.generation) is not None:
+            if not ask.token or not _holds(self.roster, ask.rank, ask.token, ask.generation):
                 continue
             held = mine.get(ask.rank)
             if held is not None and held[:2] == (ask.token, ask.generation):
@@ -84,12 +97,10 @@ class LocationPusher:
                 self._client_groups[client].add(dp)
             fresh.add(dp)
         if fresh:  # the later steps' batches already built (within the window)
-            ready = runtime.batch_ready
-            for s in range(step + 1, step + 1 + max(1, int(runtime.state.window))):
+            for s in range(step + 1, step + 1 + self.window):
                 for dp in fresh:
-                    key = (s, dp)
-                    if key in runtime.batch_futures and key in ready and ready[key].is_set():
-                        self._pending[client].add(key)
+                    if self.batches.built_already((s, dp)):
+                        self._pending[client].add((s, dp))
             self._schedule()
         return bool(mine)
 
@@ -100,10 +111,14 @@ class LocationPusher:
             for dp in self._client_groups.pop(client, ()):
                 self._groups[dp].pop(client, None)
 
+    def close(self) -> None:
+        """The job closed: tell every subscriber, and take no subscription any more."""
+        self.closed = True
+        self.reset()
+
     def reset(self) -> None:
         """The job failed, rewound or closed: tell every subscriber and end the subscriptions."""
-        push = LocationPush(job=self.runtime.job, generation=self.runtime.roster.generation,
-                            reset=True)
+        push = LocationPush(job=self.job, generation=self.roster.generation, reset=True)
         for client in list(self.subs):
             self._send(client, push)
         self.subs.clear()
@@ -144,10 +159,9 @@ class LocationPusher:
         ranks = self.subs.get(client)
         if not keys or not ranks:
             return
-        runtime = self.runtime
-        if runtime.failed.is_set() or runtime._closed:
+        if self.failed.is_set() or self.closed:
             return
-        roster = runtime.roster
+        roster, batches = self.roster, self.batches
         generation = roster.generation
         # every lease the client is subscribed for held at this roster version: none is checked
         # again until the roster changes (thousands of ranks per step otherwise)
@@ -159,14 +173,14 @@ class LocationPusher:
         groups: list[PushedGroup] = []
         checkpoints: dict[int, Any] = {}
         for step, dp in sorted(keys):
-            fut = runtime.batch_futures.get((step, dp))
-            if fut is None or (step, dp) in runtime.batch_errors:
+            fut = batches.futures.get((step, dp))
+            if fut is None or (step, dp) in batches.errors:
                 continue  # released meanwhile, or failed (its ranks hear it from their poll)
-            who_has = runtime.who_has(fut.key)
+            who_has = batches.who_has(fut.key)
             if not who_has:  # lost with its constructor already: pushed again once rebuilt
-                runtime._rebuilding((step, dp), fut)
+                batches.lost((step, dp), fut)
                 continue
-            checkpoint = checkpoints.get(step) or runtime.view.checkpoint(step + 1)
+            checkpoint = checkpoints.get(step) or self.checkpoint_of(step + 1)
             if checkpoint is None:
                 continue  # not in the view (never for a batch just built): its ranks ask
             entries = []
@@ -179,20 +193,20 @@ class LocationPusher:
                 groups.append(PushedGroup(step, dp, tuple(fut.key), tuple(who_has), tuple(entries)))
         if groups:
             self.locations += sum(len(g.ranks) for g in groups)
-            self._send(client, LocationPush(runtime.job, generation, tuple(groups), checkpoints))
+            self._send(client, LocationPush(self.job, generation, tuple(groups), checkpoints))
 
     def _send(self, client: str, push: LocationPush) -> None:
-        comm = self.runtime.scheduler.client_comms.get(client)
+        comm = self.scheduler.client_comms.get(client)
         if comm is None:  # gone (its remove_client drops the subscription)
             return
         try:
             comm.send({"op": PUSH_OP, "push": push.to_msg()})
             self.messages += 1
         except Exception as exc:  # noqa: BLE001 - a closing stream: its ranks long-poll instead
-            logger.debug("mdata job %s: push to %s failed: %r", self.runtime.job, client, exc)
+            logger.debug("mdata job %s: push to %s failed: %r", self.job, client, exc)
 
 
-def _holds(roster: Any, rank: int, token: str, generation: int) -> bool:
+def _holds(roster: TrainerRoster, rank: int, token: str, generation: int) -> bool:
     """Whether the lease ``token`` still holds ``rank`` in ``generation``."""
     try:
         roster.check(rank, token, generation)

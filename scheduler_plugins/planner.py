@@ -8,6 +8,11 @@ checkpoints and sample stories; each reads and answers the typed messages of
 periodic tick that keeps each job's window of steps in flight. The decisions themselves are made by
 the pure :mod:`mdata.planner`; :mod:`scheduler_plugins.job_runtime` executes them.
 
+This module keeps the plugin's life (start, close, workers and clients coming and going, the tick)
+and the jobs' (register, close); the trainers' handlers are
+:mod:`scheduler_plugins.trainer_handlers`, the questions about a job
+:mod:`scheduler_plugins.job_questions`.
+
 Where this runs and how a step flows through it: docs/dev/architecture.md.
 """
 
@@ -17,8 +22,6 @@ import asyncio
 import logging
 from typing import Any
 
-import numpy as np
-
 from distributed.core import Status
 from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.protocol.pickle import dumps as pickle_dumps
@@ -26,27 +29,24 @@ from tornado.ioloop import PeriodicCallback
 
 from mdata import planner as ps
 from mdata.checkpoint import Checkpoint
-from mdata.errors import MdataError, PlanError
+from mdata.errors import PlanError
 from mdata.gc_freeze import freeze_long_lived
 from mdata.plan import Plan
 from mdata.planner.callers import JobCallers
+from mdata.pools.standbys import pool_resource
 from mdata.spec import scheduler_trust
 from mdata.wire import messages as msg
-from mdata.wire.errors import InvalidRequestError
-from scheduler_plugins import lineage_store
 from scheduler_plugins.dashboard.pages import register_pages
 from scheduler_plugins.dashboard.routes import register_routes
-from scheduler_plugins.job_runtime import JobRuntime, pool_resource
-from scheduler_plugins.rank_checks import (
-    check_lease, check_metrics, check_received, check_stall, lease_is_current,
-)
+from scheduler_plugins.job_questions import JobQuestions
+from scheduler_plugins.job_runtime import JobRuntime
+from scheduler_plugins.job_trainers import rewind_for_driver
 from scheduler_plugins.registration import JobLocks, list_sources, wait_for_pools
-from scheduler_plugins.request_checks import (
-    check_count, check_job_name, check_rank, check_step, check_timeout,
-)
+from scheduler_plugins.request_checks import check_job_name, known_job
 from scheduler_plugins.standbys import StandbyKeeper
 from scheduler_plugins.storage_poll import StoragePoller
-from scheduler_plugins.stream_tells import StreamTells, take_tells
+from scheduler_plugins.stream_tells import StreamTells
+from scheduler_plugins.trainer_handlers import TrainerHandlers
 from workers.loader import as_key
 from workers.plugin import (
     PLUGIN_NAME, MdataWorkerPlugin, RefusedRequestFilter, install_closed_comm_filter, install_log_filter,
@@ -95,24 +95,25 @@ class PlannerPlugin(SchedulerPlugin):
         for address in list(scheduler.workers):  # workers that registered before the Planner
             self.standbys.worker_added(address)
         self._register_locks = JobLocks()  # Loaders of every rank may register at once
+        trainers, questions = TrainerHandlers(self.jobs), JobQuestions(self.jobs)
         served = {
             msg.RegisterJobRequest: self.register_job,
-            msg.BatchLocationRequest: self.batch_location,
-            msg.HostLocationRequest: self.host_location,
-            msg.ConsumedRequest: self.consumed,
-            msg.AckRequest: self.ack,
-            msg.ReportMetricsRequest: self.report_metrics,
-            msg.CheckpointRequest: self.checkpoint,
-            msg.StoryRequest: self.story,
-            msg.LineageRequest: self.lineage,
-            msg.StatusRequest: self.status,
-            msg.JobStorageWaitsRequest: self.job_storage_waits,
+            msg.BatchLocationRequest: trainers.batch_location,
+            msg.HostLocationRequest: trainers.host_location,
+            msg.ConsumedRequest: trainers.consumed,
+            msg.AckRequest: trainers.ack,
+            msg.ReportMetricsRequest: trainers.report_metrics,
+            msg.CheckpointRequest: questions.checkpoint,
+            msg.StoryRequest: questions.story,
+            msg.LineageRequest: questions.lineage,
+            msg.StatusRequest: questions.status,
+            msg.JobStorageWaitsRequest: questions.job_storage_waits,
             msg.JobsRequest: self.list_jobs,
             msg.JobInfoRequest: self.job_info,
             msg.WhoHasRequest: self.who_has,
             msg.CloseJobRequest: self.close_job,
-            msg.AttachRequest: self.attach,
-            msg.DetachRequest: self.detach,
+            msg.AttachRequest: trainers.attach,
+            msg.DetachRequest: trainers.detach,
             msg.ScalerReportRequest: self.scaler_report,
         }
         self._handlers = {cls.handler.value: msg.serve(cls, fn) for cls, fn in served.items()}
@@ -193,16 +194,6 @@ class PlannerPlugin(SchedulerPlugin):
             return self._client
 
     # -- handlers ----------------------------------------------------------------------------------
-    def _job(self, job: str) -> JobRuntime:
-        try:
-            return self.jobs[job]
-        except KeyError:
-            known = ", ".join(sorted(self.jobs)) or "none"
-            raise InvalidRequestError(
-                f"no mdata job named {job!r} on this cluster (jobs: {known}); register it first with "
-                "mdata.driver.submit_job(client, plan, job=...) or pass plan= to the Loader"
-            ) from None
-
     async def register_job(self, req: msg.RegisterJobRequest) -> msg.JobInfo:
         """Register ``job`` with a plan spec; idempotent for the same plan. A checkpoint for a
         job that runs already rewinds it to the checkpoint's step (never silently ignored)."""
@@ -227,7 +218,7 @@ class PlannerPlugin(SchedulerPlugin):
                     f"{existing.fingerprint} vs {fingerprint}); use another job name or close it"
                 )
             if checkpoint is not None and not req.by_loader:  # a Loader's attach decides
-                await existing.rewind_for_driver(dict(checkpoint), options)
+                await rewind_for_driver(existing, dict(checkpoint), options)
             return self._job_info(existing)
         from mdata import config
 
@@ -268,162 +259,8 @@ class PlannerPlugin(SchedulerPlugin):
             world_size=int(mesh.world_size),
         )
 
-    def _ranked(self, req) -> JobRuntime:
-        """The job of a request from one trainer rank about one step, after checking both."""
-        runtime = self._job(req.job)
-        check_rank(req.handler.value, req.rank, runtime.plan.mesh.world_size)
-        check_step(req.handler.value, req.step)
-        check_lease(req.handler.value, req.rank, req.token)  # (rank_checks)
-        return runtime
-
-    async def batch_location(self, req: msg.BatchLocationRequest) -> msg.BatchLocationReply:
-        check_timeout(req.handler.value, req.timeout)
-        runtime = self._ranked(req)
-        self._take_told(runtime, req.handler.value, req)
-        return await runtime.batch_location(req.rank, req.step, req.timeout,
-                                            req.token, req.generation, req.delivered)
-
-    async def host_location(self, req: msg.HostLocationRequest) -> msg.HostLocationReply:
-        """``batch_location`` for several ranks of one process; a bad or stale ask is answered
-        FAILED on its own (each rank raises its error), the others are served."""
-        handler = req.handler.value
-        check_timeout(handler, req.timeout)
-        check_step(handler, req.step)
-        runtime = self._job(req.job)
-        answers: list[msg.BatchLocationReply | None] = [None] * len(req.asks)
-        asking: list[int] = []
-        for i, ask in enumerate(req.asks):
-            try:
-                check_rank(handler, ask.rank, runtime.plan.mesh.world_size)
-                check_lease(handler, ask.rank, ask.token)
-                self._take_told(runtime, handler, ask)
-            except MdataError as exc:
-                answers[i] = msg.BatchLocationReply(msg.Status.FAILED, reason=str(exc), error=exc)
-                continue
-            asking.append(i)
-        asks = [req.asks[i] for i in asking]
-        # subscribed before the long poll waits: no batch built meanwhile goes unpushed
-        pushing = bool(req.client) and runtime.pusher.subscribe(req.client, req.step, asks)
-        located = await runtime.locate_many(req.step, asks, req.timeout)
-        for i, reply in zip(asking, located):
-            answers[i] = reply
-        return msg.HostLocationReply(tuple(answers), pushing=pushing, tells=pushing)
-
-    async def consumed(self, req: msg.ConsumedRequest) -> msg.ConsumedReply:
-        """What several ranks' training loops consumed (the steps no location request carried);
-        each tell is checked as an ack is, and a wrong one gets its own error back. The same
-        tells come over clients' streams too (scheduler_plugins.stream_tells)."""
-        runtime = self._job(req.job)
-        runtime.consumed_requests += 1
-        return msg.ConsumedReply(take_tells(runtime, req.tells, req.handler.value))
-
-    @staticmethod
-    def _take_told(runtime: JobRuntime, handler: str, req: Any) -> None:
-        """What a location request tells besides asking: the step its rank received before and
-        the steps its loop consumed (``req``: a BatchLocationRequest or a LocationAsk), checked
-        and queued for the Planner, when it comes from the rank's current lease holder."""
-        if (req.delivered is not None or req.consumed) and lease_is_current(runtime.roster, req):
-            if req.delivered is not None:
-                check_received(handler, runtime.view, req.rank,
-                               check_step(handler, req.delivered, "delivered"), "delivered")
-            for step in req.consumed:  # the training loop's consumption, told with this request
-                check_received(handler, runtime.view, req.rank, check_step(handler, step, "consumed"),
-                               "consumed")
-            if req.consumed:
-                runtime.consumed_told(req.rank, req.consumed, req.token,
-                                      check_stall(handler, req.rank, req.stalled_s), req.waits)
-
-    async def ack(self, req: msg.AckRequest) -> msg.OkReply:
-        runtime = self._ranked(req)
-        check_lease(req.handler.value, req.rank, req.token, runtime.roster, req.generation)
-        check_received(req.handler.value, runtime.view, req.rank, req.step)
-        await runtime.acknowledge(req.rank, req.step, consumed=req.consumed, token=req.token,
-                                  generation=req.generation,
-                                  stalled_s=check_stall(req.handler.value, req.rank, req.stalled_s))
-        return msg.OkReply()
-
-    async def attach(self, req: msg.AttachRequest) -> msg.AttachReply:
-        runtime = self._job(req.job)
-        check_rank(req.handler.value, req.rank, runtime.plan.mesh.world_size)
-        if req.checkpoint is not None:
-            Checkpoint.from_dict(req.checkpoint)  # a CheckpointError naming what is wrong
-        return await runtime.attach(req)
-
-    def detach(self, req: msg.DetachRequest) -> msg.OkReply:
-        runtime = self.jobs.get(req.job)
-        if runtime is not None:  # a job closed meanwhile has no lease to end
-            check_rank(req.handler.value, req.rank, runtime.plan.mesh.world_size)
-            runtime.detach(req.rank, req.token)
-        return msg.OkReply()
-
-    async def report_metrics(self, req: msg.ReportMetricsRequest) -> msg.OkReply:
-        runtime = self._ranked(req)
-        check_lease(req.handler.value, req.rank, req.token, runtime.roster, req.generation)
-        check_received(req.handler.value, runtime.view, req.rank, req.step)
-        check_metrics(req.handler.value, req.rank, req.step, req.metrics)
-        await runtime.handle(
-            ps.MetricsReported(step=req.step, rank=req.rank, metrics=dict(req.metrics),
-                               stimulus_id=f"metrics-{req.rank}-{req.step}")
-        )
-        return msg.OkReply()
-
-    async def checkpoint(self, req: msg.CheckpointRequest) -> msg.CheckpointReply:
-        runtime = self._job(req.job)
-        check_step(req.handler.value, req.step)
-        # a checkpoint asked for is one to store: with the listings, to name a changed shard
-        return msg.CheckpointReply(await runtime.read_state(
-            lambda state: state.checkpoint(req.step, with_listings=True)))
-
-    async def story(self, req: msg.StoryRequest) -> msg.StoryReply:
-        """Every occurrence (one per epoch) of ``source/shard/row`` over the whole run, spilled
-        lineage included (scheduler_plugins.lineage_store): loaded, planned, delivered...; a
-        SampleNotPlannedError saying why when there is none (no such sample, not planned yet)."""
-        runtime = self._job(req.job)
-        sid = lineage_store.story_sample(runtime, req.sample_id)
-        occurrences = await lineage_store.story(runtime, sid)
-        if not occurrences:
-            raise lineage_store.never_planned(runtime, sid)
-        return msg.StoryReply(tuple(
-            msg.StoryOccurrence(int(i), tuple(_jsonable(events))) for i, events in occurrences))
-
-    async def lineage(self, req: msg.LineageRequest) -> msg.LineageReply:
-        """Planned sample ids per step and DP rank, from the DGraph (for exactly-once checks)."""
-        runtime = self._job(req.job)
-        steps, dp = req.steps, runtime.plan.mesh.dp
-        check_count(req.handler.value, steps, runtime.view.planned_step, "steps (how many planned steps)")
-
-        def read(state) -> msg.LineageReply:
-            graph = state.dgraph
-            table = graph.samples_table
-            cols = [table.column(c) for c in ("source_index", "shard", "row")]
-            out: dict[str, dict[str, list]] = {}
-            for step in range(steps):
-                out[str(step)] = {}
-                for rank in range(dp):
-                    rows = graph.samples(step, rank) - graph.first_id  # ids are global, rows not
-                    out[str(step)][str(rank)] = np.stack([c[rows] for c in cols], axis=1).tolist()
-            # lineage retention may have forgotten the oldest steps: check what is kept
-            report = graph.verify_exactly_once(graph.forgotten_before, max(steps, graph.forgotten_before),
-                                               require_consumed=True)
-            return msg.LineageReply(
-                samples=out,
-                forgotten_before=int(graph.forgotten_before),
-                exactly_once=msg.ExactlyOnce(bool(report.ok), int(report.samples),
-                                             int(report.skipped), tuple(report.problems)),
-                quarantined=runtime.quarantined(),  # which shards were passed over, and why
-            )
-
-        return await runtime.read_state(read)
-
-    def status(self, req: msg.StatusRequest) -> msg.StatusReply:
-        runtime = self._job(req.job)
-        return runtime.status() if req.max_steps is None else runtime.status(req.max_steps)
-
-    def job_storage_waits(self, req: msg.JobStorageWaitsRequest) -> msg.JobStorageWaitsReply:
-        return msg.JobStorageWaitsReply(self._job(req.job).storage_wait_infos())
-
     def job_info(self, req: msg.JobInfoRequest) -> msg.JobInfo:
-        return self._job_info(self._job(req.job))
+        return self._job_info(known_job(self.jobs, req.job))
 
     def list_jobs(self, req: msg.JobsRequest) -> msg.JobsReply:
         return msg.JobsReply(tuple(sorted(self.jobs)))
@@ -498,19 +335,6 @@ def _client_security(security):
         tls_ciphers=security.tls_ciphers,
         require_encryption=security.require_encryption,
     )
-
-
-def _jsonable(value):
-    """Numpy scalars and arrays inside handler replies become plain Python values."""
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
 
 
 async def dask_setup(scheduler) -> None:

@@ -1,6 +1,6 @@
 """Checks of a rank's requests against its job: lease, steps, metrics. Wrong ones fail alone.
 
-The job's Planner state applies acknowledgements in batches (``JobRuntime._handle_coalesced``),
+The job's Planner state applies acknowledgements in batches (``JobRuntime.handle_coalesced``),
 and an event it cannot apply fails the whole job: a token-less ack for a step not yet balanced
 once ended every rank's training with a ``TrainerError``, and one NaN metric made a metric-driven
 mixture raise. So each handler that takes a rank's message checks it here first, on the event

@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
+from typing import TypeVar
 
 from mdata.wire.errors import InvalidRequestError
 
-__all__ = ["check_job_name", "check_rank", "check_step", "check_timeout", "check_count"]
+__all__ = ["check_job_name", "check_rank", "check_step", "check_timeout", "check_count", "known_job"]
+
+T = TypeVar("T")
 
 #: Job names become parts of task keys and dashboard URLs: keep them printable and short.
 _JOB = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@+=-]{0,127}$")
@@ -57,3 +61,16 @@ def check_timeout(handler: str, timeout: float) -> float:
         raise InvalidRequestError(
             f"{handler}: timeout {timeout!r} must be a number of seconds in [0, {MAX_POLL_S:g}]")
     return timeout
+
+
+def known_job(jobs: Mapping[str, T], job: str) -> T:
+    """The job ``job`` names among the Planner's ``jobs``; an error naming the jobs there are
+    (and how to register one) when there is none."""
+    try:
+        return jobs[job]
+    except KeyError:
+        known = ", ".join(sorted(jobs)) or "none"
+        raise InvalidRequestError(
+            f"no mdata job named {job!r} on this cluster (jobs: {known}); register it first with "
+            "mdata.driver.submit_job(client, plan, job=...) or pass plan= to the Loader"
+        ) from None

@@ -4,7 +4,7 @@ A Loader that brings a checkpoint may rewind the whole job (:mod:`mdata.planner.
 The new Planner state is built here from the checkpoint first: a checkpoint this job cannot
 restore (other data, another mixture, a corrupt one) raises :class:`~mdata.errors.CheckpointError`
 to the Loader that brought it, while the roster, the state and every other rank's generation are
-untouched. Only a state that was built is handed to :meth:`JobRuntime._rewind`. A Loader that
+untouched. Only a state that was built is handed to :meth:`JobRuntime.rewind_to`. A Loader that
 joins a resume under way has its checkpoint checked against the job the same way, so a rank cannot
 join with a checkpoint of other data just because its step matches.
 """

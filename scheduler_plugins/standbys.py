@@ -1,7 +1,7 @@
-"""Carries out the standby decisions of :mod:`mdata.standbys` on the scheduler.
+"""Carries out the standby decisions of :mod:`mdata.pools.standbys` on the scheduler.
 
 The Planner plugin tells the :class:`StandbyKeeper` what the scheduler saw (a worker joined or
-left, a job registered); the pure :class:`~mdata.standbys.StandbyBook` decides, and this module
+left, a job registered); the pure :class:`~mdata.pools.standbys.StandbyBook` decides, and this module
 only executes:
 
 * **promotion** (a loader died): the standby's own accounting first (``mdata_set_role``), then the
@@ -28,7 +28,7 @@ from typing import Any
 
 from distributed.core import Status
 
-from mdata.standbys import Role, RoleChange, StandbyBook, Warm
+from mdata.pools.standbys import Role, RoleChange, StandbyBook, Warm
 from mdata.wire.messages import SetRoleRequest, ask
 
 logger = logging.getLogger("mdata.planner")
@@ -91,7 +91,7 @@ class StandbyKeeper:
         began = time.monotonic()
         if not (await self._tell_worker(change) and _set_scheduler_resources(self.scheduler, change)):
             # it died, hung or refused: a standby again, and the pool gets a loader another way
-            # (mdata.standbys.StandbyBook.promotion_failed)
+            # (mdata.pools.standbys.StandbyBook.promotion_failed)
             decisions = self.book.promotion_failed(change.address)
             logger.warning("mdata: promoting standby %s in place of %s failed; %s", change.address,
                            change.replaces, ", ".join(f"promoting {d.address} instead"

@@ -29,6 +29,7 @@ from mdata.wire.codec import Handler
 from mdata.wire.errors import InvalidRequestError
 from mdata.wire.host_location import ConsumedTell
 from mdata.wire.stream_tells import CONFIRM_OP, TELL_OP, StreamedTells, TellsConfirmed
+from scheduler_plugins import job_trainers
 from scheduler_plugins.consumption import Told
 from scheduler_plugins.rank_checks import check_lease, check_received, check_stall
 from scheduler_plugins.request_checks import check_rank, check_step
@@ -52,11 +53,11 @@ def take_tells(runtime: "JobRuntime", tells: Sequence[ConsumedTell],
     (:mod:`scheduler_plugins.consumption`)."""
     if _all_pass(runtime, tells):  # the common case, checked for the whole message at once
         step = tells[0].steps[0]
-        firsts = runtime.consumed_many([Told(t.rank, t.steps, t.token, t.stalled_s, t.waits)
-                                        for t in tells])
+        firsts = job_trainers.consumed_many(
+            runtime, [Told(t.rank, t.steps, t.token, t.stalled_s, t.waits) for t in tells])
         pushed = [(t.rank, t.waited[0]) for t, first in zip(tells, firsts) if first and t.waited]
         if pushed:  # a resent step's wait was counted when it was first told
-            runtime.pushed_waits_many(step, [r for r, _ in pushed], [w for _, w in pushed])
+            job_trainers.pushed_waits_many(runtime, step, [r for r, _ in pushed], [w for _, w in pushed])
         return (None,) * len(tells)
     errors: list[MdataError | None] = [None] * len(tells)
     taken: list[tuple[ConsumedTell, list[float]]] = []
@@ -75,11 +76,11 @@ def take_tells(runtime: "JobRuntime", tells: Sequence[ConsumedTell],
             continue
         taken.append((tell, waited))
         told.append(Told(tell.rank, tell.steps, tell.token, stalled, tell.waits))
-    for (tell, waited), first in zip(taken, runtime.consumed_many(told)):
+    for (tell, waited), first in zip(taken, job_trainers.consumed_many(runtime, told)):
         if waited:  # a resent step's wait was counted when it was first told
             new = set(first)
             steps = [(s, w) for s, w in zip(tell.steps, waited) if s in new]
-            runtime.pushed_waits(tell.rank, [s for s, _ in steps], [w for _, w in steps])
+            job_trainers.pushed_waits(runtime, tell.rank, [s for s, _ in steps], [w for _, w in steps])
     return tuple(errors)
 
 

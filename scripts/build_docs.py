@@ -37,8 +37,9 @@ PUBLIC_MODULES = (
     "mdata.driver",
     "mdata.planner",
     "mdata.metadata",
+    "mdata.pools",
     "mdata.checkpoint",
-    "mdata.ids",
+    "mdata.lineage.ids",
     "mdata.errors",
 )
 

@@ -1,6 +1,6 @@
 """Standby loaders: what runs inside a pool worker to keep it warm and to change its role.
 
-A standby (``standby_<source>=N``, see :mod:`mdata.standbys`) takes no load task. Instead the
+A standby (``standby_<source>=N``, see :mod:`mdata.pools.standbys`) takes no load task. Instead the
 Planner sends it a warm task per registered job that lists each source of its pool, opens its
 shards' readers (Parquet footers) in the process-wide :func:`~mdata.sources.default_reader_cache`
 and pushes one row through the source's transform (loading the tokenizer or image decoder), so

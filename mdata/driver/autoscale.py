@@ -1,8 +1,8 @@
 """Resize loader pools from the Planner's decisions, through one small interface.
 
-The Planner decides per source (:mod:`mdata.pool_demand`, with hysteresis and a reason for every
+The Planner decides per source (:mod:`mdata.pools.demand`, with hysteresis and a reason for every
 decision); :class:`PoolAutoscaler` reads those decisions of every job (or one) each ``interval``,
-adds them up per pool (:func:`mdata.pool_scaling.pool_targets`) and applies the changes through a
+adds them up per pool (:func:`mdata.pools.scaling.pool_targets`) and applies the changes through a
 :class:`WorkerGroups`: anything that can count and resize groups of workers. The embedded
 ``SpecCluster`` is one (:class:`EmbeddedGroups`); dask-jobqueue or dask-kubernetes worker groups
 are others (docs/deploying.md, "Autoscaling pools"). It never dies of an error: it logs it, counts
@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
-from mdata.pool_scaling import merge_jobs, pool_targets
+from mdata.pools.scaling import merge_jobs, pool_targets
 from mdata.wire.messages import (
     JobsRequest, PoolDecision, ScalerReportRequest, ScalerStatus, StatusRequest, ask, ask_sync,
     reply_timeout, within,

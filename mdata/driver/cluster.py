@@ -5,7 +5,7 @@ An mdata cluster is a plain Dask cluster whose scheduler runs the Planner (prelo
 ``pool_<source>=N`` loads that source, one with ``mdata_constructor=N`` builds batches. The
 embedded cluster below is a ``SpecCluster`` with one worker template per pool, so each pool can be
 scaled on its own (Dask's ``Adaptive`` is pool-blind). A pool may also keep warm *standbys*
-(``standby_<source>=N``, :mod:`mdata.standbys`) that take over a lost loader's chunks. Beyond one
+(``standby_<source>=N``, :mod:`mdata.pools.standbys`) that take over a lost loader's chunks. Beyond one
 machine the same roles come from the dask CLI (``dask scheduler --preload scheduler_plugins.planner``;
 ``dask worker ADDR --resources pool_text=1``, a standby with ``--resources standby_text=1``),
 Kubernetes worker groups or Slurm jobs; trainers attach by address.
@@ -23,7 +23,7 @@ from mdata.driver.autoscale import PoolAutoscaler  # noqa: F401 - it lived here;
 from mdata.errors import PlanError, RequestTimeoutError
 
 if TYPE_CHECKING:
-    from mdata.pool_layout import LayoutPool, PoolLayout
+    from mdata.pools.layout import LayoutPool, PoolLayout
 
 __all__ = ["PoolSpec", "MdataCluster", "start_cluster", "default_pools", "layout_pools"]
 
@@ -83,9 +83,9 @@ def default_pools(sources: Iterable, *, cheap_group_size: int = 4) -> list[PoolS
     produces images). A plan-file source whose transform is not mdata's own is "unknown" here
     (reading its class would import the user's code into the scheduler's process) and gets a pool
     of its own, the safe side. The Planner's pool targets say when a source deserves more
-    workers; :func:`mdata.pool_layout.compute_layout` lays pools out from measured costs instead.
+    workers; :func:`mdata.pools.layout.compute_layout` lays pools out from measured costs instead.
     """
-    from mdata.pool_layout import source_cost_class
+    from mdata.pools.layout import source_cost_class
 
     names_cheap, pools = [], []
     for src in sources:
@@ -101,7 +101,7 @@ def default_pools(sources: Iterable, *, cheap_group_size: int = 4) -> list[PoolS
 
 def layout_pools(layout_or_pools: "PoolLayout | Iterable[PoolSpec | LayoutPool]",
                  **options: Any) -> list[PoolSpec]:
-    """PoolSpecs for a :class:`~mdata.pool_layout.PoolLayout` (or its ``pools``): same names,
+    """PoolSpecs for a :class:`~mdata.pools.layout.PoolLayout` (or its ``pools``): same names,
     sources, workers and threads; ``options`` (``memory_limit``, ``standbys``) apply to all."""
     pools = getattr(layout_or_pools, "pools", layout_or_pools)
     return [p if isinstance(p, PoolSpec) else
@@ -130,8 +130,8 @@ class MdataCluster:
     @property
     def dashboard_links(self) -> dict[str, str]:
         """Every mdata dashboard page's URL by title (``sources``, ``waiting``...; the table:
-        :data:`mdata.dashboard_pages.PAGES`); empty when the cluster serves no dashboard."""
-        from mdata.dashboard_pages import page_urls
+        :data:`mdata.observe.dashboard_pages.PAGES`); empty when the cluster serves no dashboard."""
+        from mdata.observe.dashboard_pages import page_urls
 
         link = self.cluster.dashboard_link
         return page_urls(link) if link else {}
@@ -262,7 +262,7 @@ def start_cluster(
     Binds to loopback by default (``mdata.cluster.host``), the dashboard too: a
     ``dashboard_address`` without a host (``":0"``, ``":8787"``) binds to ``host``
     (:func:`dashboard_on_host`); give ``"0.0.0.0:8787"`` to serve it on every interface. ``pools`` (PoolSpecs, or a layout's pools) defaults to the pools
-    of ``layout`` (a :class:`~mdata.pool_layout.PoolLayout` computed from a profile), else to
+    of ``layout`` (a :class:`~mdata.pools.layout.PoolLayout` computed from a profile), else to
     :func:`default_pools`. Every source must be served by some pool, or its load tasks would wait
     forever; that is checked here. ``autoscale``
     (None: ``mdata.cluster.autoscale``, on by default) resizes the pools from the Planner's

@@ -18,14 +18,14 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from mdata.dashboard_pages import PAGES, page_lines
+from mdata.observe.dashboard_pages import PAGES, page_lines
 from mdata.driver.cluster import start_cluster
 from mdata.errors import MdataError, PlanError
 from mdata.gc_freeze import dedicate_process
 
 __all__ = ["cluster_up_cli", "dashboard_lines"]
 
-#: mdata's dashboard pages by title (the table: :data:`mdata.dashboard_pages.PAGES`)
+#: mdata's dashboard pages by title (the table: :data:`mdata.observe.dashboard_pages.PAGES`)
 MDATA_PAGES = tuple(page.title for page in PAGES)
 
 
@@ -60,8 +60,8 @@ def _layout_to_serve(plan, args: argparse.Namespace):
     import os
 
     from mdata import config
-    from mdata.pool_layout import layout_for_plan
-    from mdata.profile import Profile
+    from mdata.pools.layout import layout_for_plan
+    from mdata.pools.profile import Profile
 
     rate = getattr(args, "rate", None)
     cores = None

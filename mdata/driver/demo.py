@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mdata.dashboard_pages import page_lines
+from mdata.observe.dashboard_pages import page_lines
 
 DEMO_JOB = "demo"
 DEFAULT_MESH = {"dp": 4, "cp": 2}

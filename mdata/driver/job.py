@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from mdata.errors import MdataError
-from mdata.ids import SampleId
+from mdata.lineage.ids import SampleId
 from mdata.wire.messages import (
     CheckpointRequest, CloseJobRequest, JobInfoRequest, JobsRequest, JobStorageWaitsRequest,
     LineageRequest, Request, StatusRequest, StoryRequest, ask_sync,
@@ -131,7 +131,7 @@ class JobHandle:
     def submit(cls, client, plan, *, job: str = "default", checkpoint: Mapping | None = None,
                accept_appended_shards: bool = False, allow_mixture_change: bool = False) -> "JobHandle":
         """Register ``plan`` as ``job`` (idempotent for the same plan) and return its handle;
-        resume options as for :func:`~mdata.trainer.loader.submit_job`."""
+        resume options as for :func:`~mdata.driver.submit.submit_job`."""
         from mdata.driver.submit import submit_job
 
         submit_job(client, plan, job=job, checkpoint=None if checkpoint is None else dict(checkpoint),

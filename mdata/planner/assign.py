@@ -15,7 +15,7 @@ import numpy as np
 
 from mdata.balance import balance_step, balance_step_by_stage
 from mdata.cost import evaluate_cost
-from mdata.lineage import DGraph
+from mdata.lineage.dgraph import DGraph
 from mdata.order import ChunkRef
 from mdata.plan import Plan
 from mdata.planner.instructions import ConstructStep, StepColumns, StepSummary

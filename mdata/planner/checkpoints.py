@@ -7,23 +7,25 @@ already decided for steps from ``s`` on, so a resumed job plans exactly the same
 records the job's data identity and mixture too, which a resume checks
 (:mod:`mdata.planner.resume` says what may change). The format is
 :class:`~mdata.checkpoint.Checkpoint`'s.
+
+The state passes the parts a checkpoint reads or restores (its progress, cursors, planned steps
+and :class:`~mdata.planner.apportion.Provisioner`), not itself: this module sits below the state
+that uses it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from mdata.checkpoint import Checkpoint
 from mdata.errors import CheckpointError
 from mdata.identity import DataIdentity, listing_entries
+from mdata.planner.apportion import PlannedStep, Provisioner
 from mdata.planner.resume import Resume, identity_digest, schedule_description
-
-if TYPE_CHECKING:  # pragma: no cover
-    from mdata.planner.state import PlannerState
 
 __all__ = ["JobIdentity", "take_checkpoint", "restore_checkpoint", "as_checkpoint"]
 
@@ -64,26 +66,32 @@ def as_checkpoint(checkpoint: Checkpoint | Mapping[str, Any]) -> Checkpoint:
     return checkpoint if isinstance(checkpoint, Checkpoint) else Checkpoint.from_dict(checkpoint)
 
 
-def take_checkpoint(state: PlannerState, step: int, *, with_listings: bool = False,
+def take_checkpoint(step: int, *, identity: JobIdentity, provisioner: Provisioner,
+                    steps: Mapping[int, PlannedStep], cursors: np.ndarray, consumed: int,
+                    balanced: int, planned: int, seed: Any, with_listings: bool = False,
                     light: bool = False) -> Checkpoint:
     """The checkpoint as of having consumed every step before ``step`` (see the module docstring);
     ``with_listings``: add every shard's name and row count (what a stored checkpoint needs to
     name a changed shard); ``light``: the form that travels with batches, without what is the same
-    for every step of the job (see :mod:`mdata.checkpoint`)."""
-    if not state.consumed_step <= step <= state.balanced_step:
+    for every step of the job (see :mod:`mdata.checkpoint`).
+
+    The job's parts: its ``identity``, ``provisioner``, planned ``steps``, ``cursors`` after the
+    last balanced step, its progress (``consumed``, ``balanced``, ``planned``: the first step not
+    consumed, balanced, apportioned) and the plan's ``seed``."""
+    if not consumed <= step <= balanced:
         raise CheckpointError(
-            f"can checkpoint steps {state.consumed_step}..{state.balanced_step} (consumed by "
+            f"can checkpoint steps {consumed}..{balanced} (consumed by "
             f"every group .. planned), not step {step}; checkpoint after consuming step-1"
         )
-    if step < state.planned_step:
-        st = state.steps[step]
+    if step < planned:
+        st = steps[step]
         cursors, carry = st.cursors_before, st.carry_before
     else:
-        cursors, carry = state.cursors, state.provisioner.apportioner.carry
+        carry = provisioner.apportioner.carry
     if cursors is None:  # cannot happen while balanced_step >= step; kept as a typed error
         raise CheckpointError(f"no cursor snapshot for step {step}")
-    names, plan, identity = state.names, state.plan, state.identity
-    planned = {t: state.steps[t].weights for t in range(step, state.planned_step)}
+    names = provisioner.names
+    weights = {t: steps[t].weights for t in range(step, planned)}
     # a checkpoint is built for every balanced step, with figures per source: whole arrays at
     # once (at 10,000 sources a value at a time was most of its cost), the same numbers
     at = [int(c) for c in cursors] if not isinstance(cursors, np.ndarray) else cursors.astype(np.int64).tolist()
@@ -92,10 +100,10 @@ def take_checkpoint(state: PlannerState, step: int, *, with_listings: bool = Fal
         step=int(step),
         sources=names,
         cursors=dict(zip(names, at)),
-        epochs=dict(zip(names, _epochs(state.orders, at))),
+        epochs=dict(zip(names, _epochs(provisioner.orders, at))),
         apportioner={"carry": np.asarray(carry, dtype=np.float64).tolist()},
-        seed=plan.seed_value,
-        mixture=state.provisioner.mixture_state(step, planned),
+        seed=seed,
+        mixture=provisioner.mixture_state(step, weights),
         data=identity.data_dict,
         schedule=identity.schedule,
         listings=identity.listings() if with_listings else None,
@@ -115,24 +123,25 @@ def _epochs(orders, cursors: list[int]) -> list[int]:
     return (np.asarray(cursors, np.int64) // rows).tolist()
 
 
-def restore_checkpoint(state: PlannerState, checkpoint: Checkpoint | Mapping[str, Any],
-                       resume: Resume | None = None) -> None:
-    """Make a fresh ``state`` (nothing handled yet) continue where ``checkpoint`` left off.
+def restore_checkpoint(provisioner: Provisioner, checkpoint: Checkpoint | Mapping[str, Any],
+                       resume: Resume | None = None) -> tuple[int, np.ndarray]:
+    """Make a fresh job's ``provisioner`` continue where ``checkpoint`` left off; returns the
+    step the job continues from (consumed, balanced and apportioned up to it) and each source's
+    cursor there.
 
-    ``resume`` is what :func:`~mdata.planner.resume.plan_resume` decided (the state must have
+    ``resume`` is what :func:`~mdata.planner.resume.plan_resume` decided (the job must have
     been built with its listing growths); with a changed mixture the apportioner starts afresh
     and the old mixture's state is dropped, so the new weights hold exactly from the first step.
     """
     ckpt = as_checkpoint(checkpoint)
     resume = resume if resume is not None else Resume()
-    if state.planned_step or state.log:
-        raise CheckpointError("restore a checkpoint into a fresh PlannerState, before any event")
-    if tuple(ckpt.sources) != tuple(state.names):
+    names = provisioner.names
+    if tuple(ckpt.sources) != tuple(names):
         raise CheckpointError(
-            f"checkpoint sources {list(ckpt.sources)} differ from the plan's {list(state.names)}")
-    state.consumed_step = state.balanced_step = state.planned_step = ckpt.step
-    state.cursors = np.array([ckpt.cursors[n] for n in state.names], np.int64)
+            f"checkpoint sources {list(ckpt.sources)} differ from the plan's {list(names)}")
+    cursors = np.array([ckpt.cursors[n] for n in names], np.int64)
     if resume.mixture_changed:
-        state.provisioner.restore(state.cursors, {"carry": [0.0] * len(state.names)}, {})
+        provisioner.restore(cursors, {"carry": [0.0] * len(names)}, {})
     else:
-        state.provisioner.restore(state.cursors, ckpt.apportioner, ckpt.mixture)
+        provisioner.restore(cursors, ckpt.apportioner, ckpt.mixture)
+    return ckpt.step, cursors

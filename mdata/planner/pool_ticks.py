@@ -2,45 +2,45 @@
 
 Kept apart from :mod:`mdata.planner.state` because pool sizing only *reads* the Planner's
 progress (consumed, planned and balanced steps, the mixture) and never changes what is planned:
-a tick here can resize pools but cannot move a sample.
+a tick here can resize pools but cannot move a sample. The state passes the parts a tick reads
+(the sizer, the provisioner and its progress), not itself.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
-
 import numpy as np
 
+from mdata.planner.apportion import Provisioner
 from mdata.planner.events import Tick
 from mdata.planner.instructions import PoolTarget
-
-if TYPE_CHECKING:
-    from mdata.planner.state import PlannerState
+from mdata.pools.demand import PoolSizer
 
 __all__ = ["pool_targets_on_tick", "weights_ahead"]
 
 
-def pool_targets_on_tick(state: "PlannerState", ev: Tick) -> list[PoolTarget]:
+def pool_targets_on_tick(ev: Tick, sizer: PoolSizer, provisioner: Provisioner, global_batch: int,
+                         window: int, progress: tuple[int, int, int]) -> list[PoolTarget]:
     """The pool targets that changed at this tick (most ticks: none; the sizer decides on its
-    own interval)."""
+    own interval). ``progress``: the first step not consumed, not balanced, not apportioned."""
     if ev.now is None:
         return []
-    sizer = state.pool_sizer
+    consumed, balanced, planned = progress
     sizer.observe_all_threads(ev.pool_threads)
-    sizer.observe_progress(ev.now, state.consumed_step, ev.waited_s)
+    sizer.observe_progress(ev.now, consumed, ev.waited_s)
     return [PoolTarget(d, stimulus_id=ev.stimulus_id) for d in sizer.decide(
-        ev.now, state.provisioner.last_weights, state.global_batch, ahead=weights_ahead(state),
-        wall=ev.wall, lead=state.balanced_step - state.consumed_step, window=state.window)]
+        ev.now, provisioner.last_weights, global_batch, ahead=weights_ahead(sizer, provisioner, planned),
+        wall=ev.wall, lead=balanced - consumed, window=window)]
 
 
-def weights_ahead(state: "PlannerState") -> np.ndarray | None:
-    """The mixture ``pool_sizer.lead_s`` seconds of consumption past the planned window, so
-    pools grow before a shift reaches the trainers (None for a schedule that depends on
-    trainers' metrics: its future is not known, and asking could change its state)."""
-    schedule = state.provisioner.schedule
-    rate = state.pool_sizer.step_rate
+def weights_ahead(sizer: PoolSizer, provisioner: Provisioner, planned: int) -> np.ndarray | None:
+    """The mixture ``sizer.lead_s`` seconds of consumption past the planned window (``planned``:
+    the first step not apportioned), so pools grow before a shift reaches the trainers (None for
+    a schedule that depends on trainers' metrics: its future is not known, and asking could
+    change its state)."""
+    schedule = provisioner.schedule
+    rate = sizer.step_rate
     if schedule.stateful or not rate:
         return None
-    step = state.planned_step + math.ceil(rate * state.pool_sizer.lead_s)
-    return schedule.weights_vector(step, state.names)
+    step = planned + math.ceil(rate * sizer.lead_s)
+    return schedule.weights_vector(step, provisioner.names)

@@ -38,7 +38,7 @@ import numpy as np
 
 from mdata.checkpoint import Checkpoint
 from mdata.errors import MdataError, TrainerError
-from mdata.lineage import DGraph, LineageSegment
+from mdata.lineage.dgraph import DGraph, LineageSegment
 from mdata.mixing import MixtureSchedule
 from mdata.order import ChunkRef, SourceOrder
 from mdata.plan import Plan
@@ -58,7 +58,7 @@ from mdata.planner.pool_ticks import pool_targets_on_tick
 from mdata.planner.quarantine import Quarantine
 from mdata.planner.resume import Resume, ResumeOptions, plan_resume
 from mdata.planner.selection import select_samples
-from mdata.pool_demand import PoolSizer
+from mdata.pools.demand import PoolSizer
 
 __all__ = ["PlannerState"]
 
@@ -74,8 +74,8 @@ class PlannerState:
     ``pool_sizer`` decides :class:`PoolTarget` instructions on :class:`Tick` events.
     ``lineage_steps`` keeps the lineage of that many consumed steps (None: all of it);
     ``lineage_sink``, when given, receives each older range of lineage as a
-    :class:`~mdata.lineage.LineageSegment` instead of it being forgotten (the runtime spills it
-    to files, :mod:`mdata.lineage_spill`). It is called while events are handled: it must only
+    :class:`~mdata.lineage.events.LineageSegment` instead of it being forgotten (the runtime spills it
+    to files, :mod:`mdata.lineage.spill`). It is called while events are handled: it must only
     hand the segment over, not write it.
     ``appended``: growths of sources' listings a resume accepted (see :mod:`mdata.order`).
     """
@@ -199,7 +199,11 @@ class PlannerState:
     def checkpoint(self, step: int, *, with_listings: bool = False, light: bool = False) -> Checkpoint:
         """The checkpoint as of having consumed every step before ``step`` (``with_listings``,
         ``light``: see :func:`~mdata.planner.checkpoints.take_checkpoint`)."""
-        return take_checkpoint(self, step, with_listings=with_listings, light=light)
+        return take_checkpoint(
+            step, identity=self.identity, provisioner=self.provisioner, steps=self.steps,
+            cursors=self.cursors, consumed=self.consumed_step, balanced=self.balanced_step,
+            planned=self.planned_step, seed=self.plan.seed_value, with_listings=with_listings,
+            light=light)
 
     @classmethod
     def from_checkpoint(
@@ -211,7 +215,8 @@ class PlannerState:
         ckpt = as_checkpoint(checkpoint)
         resume = plan_resume(ckpt, plan, listings, options or ResumeOptions())  # before building
         state = cls(plan, listings, appended=resume.appended, **kwargs)
-        restore_checkpoint(state, ckpt, resume)
+        step, state.cursors = restore_checkpoint(state.provisioner, ckpt, resume)
+        state.consumed_step = state.balanced_step = state.planned_step = step
         state.resume = resume
         return state
 
@@ -244,7 +249,8 @@ class PlannerState:
 
     # -- events --------------------------------------------------------------------------------
     def _on_tick(self, ev: Tick) -> list[Instruction]:
-        return list(pool_targets_on_tick(self, ev))
+        return pool_targets_on_tick(ev, self.pool_sizer, self.provisioner, self.global_batch, self.window,
+                                    (self.consumed_step, self.balanced_step, self.planned_step))
 
     def _on_chunk_loaded(self, ev: ChunkLoaded) -> list[Instruction]:
         ref = ev.chunk

@@ -20,7 +20,7 @@ is validated exactly like the Python calls it stands for.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar
 
 from mdata.errors import PlanError
 from mdata.mesh import ClientPlaceTree
@@ -29,9 +29,6 @@ from mdata.spec.origin import SpecOrigin
 from mdata.spec.refs import Trust, encode, is_reference, resolve
 from mdata.spec.sources import SOURCE_KEYS, SourceSpec, source_spec
 from mdata.spec.version import SCHEMA_KEY, SCHEMA_VERSION, check_version
-
-if TYPE_CHECKING:  # the Plan imports this module (Plan.to_spec), never the other way round
-    from mdata.plan import Plan
 
 __all__ = ["plan_to_spec", "plan_from_spec", "SPEC_KEYS"]
 
@@ -42,10 +39,15 @@ MESH_KEYS = ("dp", "pp", "cp", "tp", "order")
 TOKEN_KEYS = ("pad_id", "image_token_id")
 _MIXTURES = {StaticMixture: "static", StagedMixture: "staged", LinearRamp: "ramp"}
 
+#: The plan class ``plan_from_spec`` builds: :class:`mdata.plan.Plan`, passed in by
+#: ``Plan.from_spec``. The Plan imports this module (``Plan.to_spec``), never the other way round.
+PlanT = TypeVar("PlanT")
+
 
 # -- writing -------------------------------------------------------------------------------------
-def plan_to_spec(plan: "Plan") -> dict[str, Any]:
-    """``plan`` as plain data; PlanError naming what cannot be described as data."""
+def plan_to_spec(plan: Any) -> dict[str, Any]:
+    """``plan`` (a :class:`~mdata.plan.Plan`) as plain data; PlanError naming what cannot be
+    described as data."""
     cfg = plan._cfg
     balance, mesh = cfg.balance, cfg.mesh
     return {
@@ -82,8 +84,8 @@ def mixture_to_spec(mixture: MixtureSchedule) -> dict[str, Any]:
 
 
 # -- reading -------------------------------------------------------------------------------------
-def plan_from_spec(spec: Mapping[str, Any], *, plan_cls: type, build_sources: bool = True,
-                   trust: Trust | None = None, origin: SpecOrigin | None = None) -> "Plan":
+def plan_from_spec(spec: Mapping[str, Any], *, plan_cls: type[PlanT], build_sources: bool = True,
+                   trust: Trust | None = None, origin: SpecOrigin | None = None) -> PlanT:
     """The Plan a spec describes, built with the builder calls of ``plan_cls`` (``Plan.from_spec``
     passes the Plan class: a value type never imported by what it uses).
 

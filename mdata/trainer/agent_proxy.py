@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from mdata.trainer.agent_lock import AgentLost
 from mdata.trainer.location_hub import hub_for, release
@@ -26,16 +26,28 @@ from mdata.wire.delivery import BatchLocation, BatchLocationReply
 from mdata.wire.jobs import read_checkpoint
 from mdata.wire.host_location import ConsumedTell, LocationAsk
 
-if TYPE_CHECKING:
-    from mdata.trainer.agent_client import AgentClient
+__all__ = ["AgentCalls", "AgentHub"]
 
-__all__ = ["AgentHub"]
+
+class AgentCalls(Protocol):
+    """What a hub uses of the rank's :class:`~mdata.trainer.agent_client.AgentClient`: calls on
+    the agent, the switch to the rank's own client once the agent is lost, and (through
+    :func:`~mdata.trainer.location_hub.hub_for`) the client itself. The client makes the hubs, so
+    the hub names only this much of it."""
+
+    lost: str | None
+
+    def sync(self, func: Any, *args: Any, **kwargs: Any) -> Any: ...
+
+    async def call(self, op: str, /, **kw: Any) -> Any: ...
+
+    async def direct(self) -> Any: ...
 
 
 class AgentHub:
     """One Loader's hub calls, through the host agent (see the module docstring)."""
 
-    def __init__(self, client: "AgentClient", job: str, pushes: bool) -> None:
+    def __init__(self, client: AgentCalls, job: str, pushes: bool) -> None:
         self.client, self.job = client, job
         self._pushes = pushes
         self._direct: Any = None  # the hub on the rank's own client, once the agent is lost

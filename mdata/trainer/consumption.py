@@ -129,7 +129,7 @@ class ConsumptionTeller:
 class StepWaits:
     """How long the training loop waited for each step's batch (the newest ``keep`` steps), told
     beside the step's consumption (``waits`` on the wire) so the Planner's dashboard can say which
-    rank waited on data when, and blame a source (:mod:`mdata.data_waits`). A step is told within
+    rank waited on data when, and blame a source (:mod:`mdata.observe.data_waits`). A step is told within
     a few steps of being taken, so a short memory suffices."""
 
     def __init__(self, keep: int = 256) -> None:

@@ -1,7 +1,7 @@
 """What a job's status says of its spilled lineage (``status()["lineage"]``).
 
 Lineage older than the DGraph's retention is written to files by the scheduler; when storage
-fails for long, or retention deletes old files, some of it is let go (:mod:`mdata.lineage_limits`).
+fails for long, or retention deletes old files, some of it is let go (:mod:`mdata.lineage.limits`).
 :class:`LineageSpillInfo` carries how much waits in memory and which steps' lineage is gone, so
 an operator reads it from ``JobHandle.status()`` as the dashboard's lineage page shows it.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from mdata.lineage_limits import LineageGap
+from mdata.lineage.limits import LineageGap
 from mdata.wire.codec import Message, Reader, check_int
 
 __all__ = ["LineageSpillInfo"]

@@ -1,12 +1,12 @@
 """Messages that change a loader pool worker's role: the Planner promotes a warm standby to
 loader when a loader dies, and turns a returning loader into the pool's standby
-(:mod:`mdata.standbys` decides; ``scheduler_plugins/standbys.py`` sends these).
+(:mod:`mdata.pools.standbys` decides; ``scheduler_plugins/standbys.py`` sends these).
 
 * Planner -> pool worker: :class:`SetRoleRequest` (``mdata_set_role``), answered with the
   worker's resources afterwards (:class:`SetRoleReply`).
 
 And the one shape of a pool sizing decision, :class:`PoolDecision`: the Planner decides one per
-source (:mod:`mdata.pool_demand`), :func:`mdata.pool_scaling.pool_targets` adds them up per pool,
+source (:mod:`mdata.pools.demand`), :func:`mdata.pools.scaling.pool_targets` adds them up per pool,
 the autoscaler (:mod:`mdata.driver.autoscale`) applies them and reports what it applied and any
 error back to the Planner (:class:`ScalerReportRequest`, ``mdata_scaler_report``), and job status,
 dashboard and logs show the same objects.

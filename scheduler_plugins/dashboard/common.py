@@ -11,7 +11,7 @@ from __future__ import annotations
 import html
 from typing import TYPE_CHECKING, Any
 
-from mdata.dashboard_pages import PAGES
+from mdata.observe.dashboard_pages import PAGES
 
 if TYPE_CHECKING:
     from bokeh.models import Title

@@ -3,7 +3,7 @@
 Panels and routes both call these functions, so what a page draws and what ``/mdata/api/...``
 answers are the same numbers. Each function reads one job's runtime (step summaries recorded from
 the Planner's ``StepReady`` instructions, pool targets with their reasons, the meters of
-:mod:`mdata.observe`, the Planner's counters from its published ``view``) and the scheduler's
+:mod:`mdata.observe.meters`, the Planner's counters from its published ``view``) and the scheduler's
 worker table; none of them changes anything. They run on the scheduler's event loop, where the
 runtime's own bookkeeping runs, so they see it consistently; the Planner's state itself is written
 by the planning thread, so only the story functions read it (its DGraph), with the runtime's lock
@@ -21,7 +21,9 @@ import numpy as np
 from mdata.cost import cost_unit
 from mdata.planner.quarantine import describe_quarantine
 from mdata.sources import describe_storage_wait
-from scheduler_plugins.lineage_store import story_query, story_sample
+from scheduler_plugins.job_status import quarantined as job_quarantined
+from scheduler_plugins.pool_inputs import pool_workers
+from scheduler_plugins.stories import story_query, story_sample
 
 if TYPE_CHECKING:
     from scheduler_plugins.job_runtime import JobRuntime
@@ -55,12 +57,6 @@ def job_summary(runtime: "JobRuntime") -> dict[str, Any]:
     }
 
 
-def pool_workers(scheduler, source: str) -> int:
-    """How many workers hold the source's pool resource (``pool_<source>``) right now."""
-    resource = f"pool_{source}"
-    return sum(1 for ws in scheduler.workers.values() if ws.resources.get(resource, 0) > 0)
-
-
 def sources_figures(runtime: "JobRuntime", *, now: float | None = None) -> dict[str, Any]:
     """Per source: samples/s (recent window), loaded samples, backlog, pool size and target, and
     whether its loads wait on unreachable storage: ``storage`` is the sentence the dashboard
@@ -74,7 +70,7 @@ def sources_figures(runtime: "JobRuntime", *, now: float | None = None) -> dict[
         "source", "samples_per_s", "loaded_samples", "loaded_chunks", "failed_chunks",
         "backlog_chunks", "backlog_rows", "pool_workers", "target_workers", "reason", "storage",
         "quarantined")}
-    quarantined = runtime.quarantined()
+    quarantined = job_quarantined(runtime)
     for f in figures:
         cols["quarantined"].append(describe_quarantine(quarantined.get(f.source, ())))
         wait = waits.get(f.source)
@@ -243,7 +239,7 @@ def trainers_figures(runtime: "JobRuntime") -> dict[str, Any]:
 def waiting_figures(runtime: "JobRuntime") -> dict[str, Any]:
     """Is training waiting on data, on which rank, on which source? Per rank, each step's exposed
     wait (the training loop blocked in the Loader), when it was told (seconds since the job
-    started) and the source it is attributed to (:mod:`mdata.data_waits`; ``""``: too short to
+    started) and the source it is attributed to (:mod:`mdata.observe.data_waits`; ``""``: too short to
     blame); totals per rank and per source, and ``answer``: the question answered in a sentence."""
     ledger = runtime.data_waits
     offset = time.time() - time.monotonic() - runtime.started  # the ledger's clock is monotonic
@@ -289,7 +285,7 @@ def _plain(value):
 
 def story_table(occurrences: Iterable[tuple[int, Iterable[dict[str, Any]]]]) -> list[dict[str, Any]]:
     """Rows with the keys of :data:`STORY_COLUMNS` (``None`` where an event has no such field)
-    from ``(lineage id, events)`` pairs (:func:`scheduler_plugins.lineage_store.story`)."""
+    from ``(lineage id, events)`` pairs (:func:`scheduler_plugins.stories.story`)."""
     rows = []
     for lineage_id, events in occurrences:
         for event in events:
@@ -306,6 +302,6 @@ def story_rows(runtime: "JobRuntime", sample_id: str) -> list[dict[str, Any]]:
     Call it holding ``runtime.lock``, or on the event loop after checking that the lock is free:
     the planning thread appends to the DGraph while the lock is held, and reading it then could
     see a step half recorded. Callers on the event loop that may meet spilled lineage read it in
-    a thread instead (:func:`scheduler_plugins.lineage_store.story`).
+    a thread instead (:func:`scheduler_plugins.stories.story`).
     """
     return story_table(story_query(runtime, story_sample(runtime, sample_id)).run())

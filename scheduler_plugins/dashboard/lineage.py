@@ -21,8 +21,8 @@ from bokeh.layouts import column, row
 from bokeh.models import ColumnDataSource, DataTable, Div, TableColumn, TextInput
 
 from mdata.errors import MdataError
-from mdata.ids import SampleId
-from scheduler_plugins import lineage_store
+from mdata.lineage.ids import SampleId
+from scheduler_plugins import stories
 from scheduler_plugins.dashboard.common import JobSelect, job_message, show
 from scheduler_plugins.dashboard.figures import STORY_COLUMNS, story_sample, story_table
 
@@ -102,12 +102,12 @@ class LineagePanel:
             self.result.text = "enter a sample id to see its story"
         else:
             try:
-                query = lineage_store.story_query(runtime, story_sample(runtime, sample_id))
+                query = stories.story_query(runtime, story_sample(runtime, sample_id))
             except MdataError as exc:
                 self.result.text = f"<b>{exc}</b>"
             else:
                 if query.ranges:  # spilled lineage: read in a thread, shown by a later refresh
-                    self._reading = (runtime.job, sample_id, lineage_store.submit(query))
+                    self._reading = (runtime.job, sample_id, stories.submit(query))
                     self.result.text = (f"{sample_id}: reading lineage spilled in "
                                         f"{len(query.ranges)} file range(s)...")
                     return
@@ -125,7 +125,7 @@ class LineagePanel:
     def _describe(self, runtime, sample_id: str, rows: list[dict]) -> list[dict]:
         n = len({r["lineage_id"] for r in rows})
         self.result.text = (f"{sample_id}: {n} occurrence(s), {len(rows)} event(s)" if rows
-                            else f"<b>{lineage_store.never_planned(runtime, SampleId.parse(sample_id))}</b>")
+                            else f"<b>{stories.never_planned(runtime, SampleId.parse(sample_id))}</b>")
         return rows
 
     def _fill(self, rows: list[dict]) -> None:

@@ -12,14 +12,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, MutableMapping
 
-from mdata.dashboard_pages import PAGES as TABLE
-from mdata.dashboard_pages import ROUTES
+from mdata.observe.dashboard_pages import PAGES as TABLE
+from mdata.observe.dashboard_pages import ROUTES
 from mdata.distribution import install_hint
 
 logger = logging.getLogger("mdata.dashboard")
 
 #: The routes of mdata's pages (their functions: :func:`page_functions`); the table with their
-#: titles and purposes is :data:`mdata.dashboard_pages.PAGES`, which the driver prints from.
+#: titles and purposes is :data:`mdata.observe.dashboard_pages.PAGES`, which the driver prints from.
 PAGES = ROUTES
 
 

@@ -20,7 +20,7 @@ import dask
 from distributed.http.utils import RequestHandler
 
 from mdata.errors import MdataError
-from scheduler_plugins import lineage_store
+from scheduler_plugins import stories
 from scheduler_plugins.dashboard import figures
 from scheduler_plugins.dashboard.common import NO_PLANNER, planner
 
@@ -103,9 +103,9 @@ class StoryHandler(_JSONHandler):
         sample_id = f"{source}/{shard}/{row}"
         try:  # the DGraph's part under the job's lock, spilled lineage in a thread
             sid = figures.story_sample(runtime, sample_id)
-            occurrences = await lineage_store.story(runtime, sid)
+            occurrences = await stories.story(runtime, sid)
             if not occurrences:  # say why, rather than answer no rows
-                raise lineage_store.never_planned(runtime, sid)
+                raise stories.never_planned(runtime, sid)
         except MdataError as exc:
             self.fail(404, str(exc))
             return

@@ -5,7 +5,7 @@ the GPU time data cost (the prefetchers' own waits overlap compute and are on th
 A sentence above the plots answers the question; then, per rank, the wait of every step (one line
 per rank, its legend clickable to hide a rank); the same waits as dots coloured by the source each
 is attributed to (hover: rank, step, seconds, source); and the total wait blamed on each source.
-The attribution rule is :mod:`mdata.data_waits`'s: a source of the step waiting on storage, else
+The attribution rule is :mod:`mdata.observe.data_waits`'s: a source of the step waiting on storage, else
 the source whose chunks for that step were loaded last.
 """
 

@@ -21,7 +21,7 @@ from conftest import run_loaders
 from mdata.driver import submit_job
 from mdata.driver.demo import demo_plan
 from scheduler_plugins.dashboard.balance import BalancePanel
-from mdata.dashboard_pages import PAGES as TABLE
+from mdata.observe.dashboard_pages import PAGES as TABLE
 from scheduler_plugins.dashboard.common import HEADER_NAME, LATEST
 from scheduler_plugins.dashboard.figures import STORY_COLUMNS
 from scheduler_plugins.dashboard.lineage import LineagePanel

@@ -1,4 +1,4 @@
-"""A standby whose promotion fails leaves its pool with a loader (mdata.standbys promotion_failed).
+"""A standby whose promotion fails leaves its pool with a loader (mdata.pools.standbys promotion_failed).
 
 A text pool of one loader and one standby. The standby's process is frozen (SIGSTOP) and the
 loader is killed with SIGKILL: the Planner promotes the standby, whose role call never answers.

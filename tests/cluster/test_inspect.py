@@ -14,7 +14,7 @@ from mdata.driver import PoolSpec, start_cluster
 from mdata.cost import AttentionCost
 from mdata.data.example import example_sources
 from mdata.errors import CheckpointError, MdataError, SampleNotPlannedError
-from mdata.ids import SampleId
+from mdata.lineage.ids import SampleId
 from mdata.driver import JobHandle
 from mdata.mesh import ClientPlaceTree
 from mdata.plan import Plan

@@ -18,7 +18,7 @@ from conftest import run_loaders
 from mdata.cost import AttentionCost
 from mdata.data.example import example_sources
 from mdata.driver import JobHandle, start_cluster
-from mdata.ids import SampleId
+from mdata.lineage.ids import SampleId
 from mdata.mesh import ClientPlaceTree
 from mdata.plan import Plan
 from scheduler_plugins.dashboard.lineage import LineagePanel

@@ -22,8 +22,8 @@ def test_a_profiled_layout_serves_an_image_heavy_plan(tmp_path):
     from distributed import Client
 
     from mdata.driver import start_cluster, submit_job
-    from mdata.pool_layout import layout_for_plan
-    from mdata.profile import profile_sources
+    from mdata.pools.layout import layout_for_plan
+    from mdata.pools.profiling import profile_sources
     from mdata.trainer import Loader
 
     plan = image_heavy_plan(tmp_path)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from fixtures_cli import printed_lines
 
-from mdata.dashboard_pages import PAGES
+from mdata.observe.dashboard_pages import PAGES
 from mdata.driver import submit_job
 from mdata.trainer import Loader
 from mdata.cost import AttentionCost

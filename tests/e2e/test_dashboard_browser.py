@@ -245,7 +245,7 @@ def test_trainers_page_plots_every_rank(browser, running_job, shots):
 def test_every_page_has_its_title_and_links_to_every_other_page(browser, running_job, shots):
     """Each page says which it is and links to every other: following the links from the first
     page visits them all, each titled (the browser's tab and the page's own header)."""
-    from mdata.dashboard_pages import PAGES
+    from mdata.observe.dashboard_pages import PAGES
 
     base = running_job["cluster"].dashboard_link.rsplit("/", 1)[0]
     browser.get(base + PAGES[0].route)

@@ -31,7 +31,7 @@ def test_mdata_demo_writes_a_summary_with_exactly_once(example_corpus, tmp_path)
     assert set(summary["sources"]) >= {"chat", "scenes", "books", "code", "captions", "videos"}
     assert "| exactly_once | True |" in proc.stdout
     # where the dashboard link is printed, every mdata page follows with its full URL
-    from mdata.dashboard_pages import PAGES
+    from mdata.observe.dashboard_pages import PAGES
 
     said = next(line for line in proc.stdout.splitlines() if line.startswith("scheduler "))
     base = said.rsplit("dashboard ", 1)[1].removesuffix("/status")

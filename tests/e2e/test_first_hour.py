@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from fixtures_cli import next_line, printed_lines
 
-from mdata.dashboard_pages import PAGES
+from mdata.observe.dashboard_pages import PAGES
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 

@@ -14,8 +14,8 @@ import pytest
 
 from fixtures_cli import printed_lines
 from fixtures_layout import image_heavy_plan, rate_for
-from mdata.pool_layout import layout_for_plan
-from mdata.profile import Profile
+from mdata.pools.layout import layout_for_plan
+from mdata.pools.profile import Profile
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 

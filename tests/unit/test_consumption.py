@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mdata.lineage import DGraph
+from mdata.lineage.dgraph import DGraph
 from mdata.planner.consumption import consume_by_group
 
 # two groups of two receiving ranks (0, 1) and (2, 3); ranks 4 and 5 get theirs by broadcast

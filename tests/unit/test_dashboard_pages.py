@@ -1,13 +1,13 @@
 """The one table of mdata's dashboard pages, and the links printed from it.
 
-The driver prints from ``mdata.dashboard_pages`` and the scheduler registers and links its pages
+The driver prints from ``mdata.observe.dashboard_pages`` and the scheduler registers and links its pages
 from the same table; these tests pin the URLs a user is shown and that both sides list the same
 pages (the scheduler side's route table is checked without Bokeh: it is the table's routes).
 """
 
 from __future__ import annotations
 
-from mdata.dashboard_pages import PAGES, ROUTES, dashboard_base, page_lines, page_urls
+from mdata.observe.dashboard_pages import PAGES, ROUTES, dashboard_base, page_lines, page_urls
 from mdata.driver.cluster_up import MDATA_PAGES, dashboard_lines
 
 

@@ -1,6 +1,6 @@
 """The waiting page's ledger: exposed waits per (rank, step), each blamed on a source.
 
-The rule under test (mdata.data_waits): a source of the step that waits on storage when the wait
+The rule under test (mdata.observe.data_waits): a source of the step that waits on storage when the wait
 is told, else the source whose chunks for that step were loaded last; short waits are
 blamed on nobody; unknown inputs say so. Times are arguments, so no clock or sleep is involved.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from mdata.data_waits import UNKNOWN, DataWaitLedger, attribute
+from mdata.observe.data_waits import UNKNOWN, DataWaitLedger, attribute
 
 
 def key(source: str, start: int) -> tuple:

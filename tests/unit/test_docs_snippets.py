@@ -39,7 +39,7 @@ from fixtures_plans import EXAMPLES, REPO, examples_copy, shipped_plans  # noqa:
 from mdata.metadata import read_metadata
 from mdata.plan import Plan
 from mdata.planner import simulate
-from mdata.profile import default_profile_path
+from mdata.pools.profile import default_profile_path
 from mdata.sources import list_shards
 
 PAGES = sorted([REPO / "README.md", *(REPO / "docs").glob("*.md"), *(REPO / "docs").glob("*/*.md")])

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from mdata.errors import PlanError
-from mdata.lineage import ColumnTable, DGraph
+from mdata.lineage.column_table import ColumnTable
+from mdata.lineage.dgraph import DGraph
 
 
 def record(g: DGraph, step: int, cursors, dp_rank, source_index=0, chunk=5):

@@ -1,4 +1,4 @@
-"""The bounds of spilled lineage (mdata.lineage_limits): what to drop under the pending cap, when
+"""The bounds of spilled lineage (mdata.lineage.limits): what to drop under the pending cap, when
 to give up on a range, what retention deletes, and the sentence that says which lineage is gone."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import pytest
 from dask.utils import parse_bytes
 
 from mdata.errors import MdataError
-from mdata.lineage_limits import (
+from mdata.lineage.limits import (
     PENDING_CAP, RETENTION, WRITE_FAILED, LineageGap, LineageGaps, SpillLimits, WrittenRange,
 )
-from mdata.lineage_spill import SpilledLineage, SpillRange
+from mdata.lineage.spill import SpilledLineage, SpillRange
 from mdata.planner import PlannerState
 from planner_driver import Driver
 from test_lineage_spill import _meta, _plan

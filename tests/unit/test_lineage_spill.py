@@ -7,8 +7,8 @@ import fsspec
 import numpy as np
 import pytest
 
-from mdata.lineage import DGraph
-from mdata.lineage_spill import SpilledLineage, SpillRange, StoryQuery
+from mdata.lineage.dgraph import DGraph
+from mdata.lineage.spill import SpilledLineage, SpillRange, StoryQuery
 from mdata.mesh import ClientPlaceTree
 from mdata.plan import Plan
 from mdata.planner import PlannerState

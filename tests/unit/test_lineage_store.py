@@ -10,11 +10,12 @@ import uuid
 import dask
 import pytest
 
-from mdata.lineage_limits import SpillLimits
-from mdata.lineage_spill import SpilledLineage, StoryQuery
+from mdata.lineage.limits import SpillLimits
+from mdata.lineage.spill import SpilledLineage, StoryQuery
 from mdata.planner import PlannerState
 from planner_driver import Driver
-from scheduler_plugins.lineage_store import LineageStore, spill_url, story, story_query
+from scheduler_plugins.lineage_store import LineageStore, spill_url
+from scheduler_plugins.stories import story, story_query
 from test_lineage_spill import _full_story, _meta, _plan, _sample_ids
 
 

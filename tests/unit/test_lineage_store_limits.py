@@ -7,8 +7,8 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from mdata.lineage_limits import PENDING_CAP, RETENTION, WRITE_FAILED, SpillLimits
-from mdata.lineage_spill import StoryQuery
+from mdata.lineage.limits import PENDING_CAP, RETENTION, WRITE_FAILED, SpillLimits
+from mdata.lineage.spill import StoryQuery
 from mdata.planner import PlannerState
 from planner_driver import Driver
 from scheduler_plugins.lineage_store import LineageStore
@@ -44,7 +44,7 @@ def _segment_bytes() -> int:
     """What one range holds in memory with this plan (a dry run, nothing written)."""
     meta, segments = _meta(), []
     Driver(PlannerState(_plan(), meta, lineage_steps=8, lineage_sink=segments.append), meta).run(12)
-    from mdata.lineage_spill import SpillRange
+    from mdata.lineage.spill import SpillRange
 
     return max(SpillRange.of(0, s).nbytes() for s in segments)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mdata.observe import SourceMeter, TrainerMeter
+from mdata.observe.meters import SourceMeter, TrainerMeter
 
 
 def test_backlog_counts_requested_minus_finished_loads():
@@ -91,7 +91,7 @@ def test_trainer_meter_trims_in_bulk_and_still_shows_the_newest_steps():
 
 
 def test_load_history_gives_back_every_sample_whole_and_keeps_only_changes():
-    from mdata.observe import LoadHistory
+    from mdata.observe.meters import LoadHistory
 
     history = LoadHistory(4, keep=3)
     samples = [(10.0, [0, 0, 0, 0], [1, 0, 0, 0]), (11.0, [5, 0, 0, 0], [0, 0, 0, 0]),

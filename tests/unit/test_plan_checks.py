@@ -10,11 +10,11 @@ import warnings
 import pytest
 
 from mdata.errors import MeshError, PlanError, SampleNotPlannedError, UnmixedSourceWarning
-from mdata.ids import SampleId
+from mdata.lineage.ids import SampleId
 from mdata.mesh import ClientPlaceTree
 from mdata.mixing import StagedMixture
 from mdata.plan import Plan
-from mdata.sample_lookup import check_sample_exists, not_planned
+from mdata.lineage.sample_lookup import check_sample_exists, not_planned
 from mdata.spec.origin import yaml_lines
 from mdata.trainer.environment import world_size_mismatch
 

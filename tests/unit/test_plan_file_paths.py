@@ -126,7 +126,7 @@ def test_a_plan_naming_no_module_beside_it_leaves_sys_path_alone(tmp_path, elsew
 
 
 def test_mdata_profile_writes_beside_the_plan_file_unless_told(tmp_path, elsewhere, capsys):
-    from mdata.profile import Profile, default_profile_path
+    from mdata.pools.profile import Profile, default_profile_path
 
     _notes(tmp_path / "project" / "data")
     path = _plan_file(tmp_path / "project", "data/*.jsonl", name="notes.yaml")

@@ -13,7 +13,7 @@ from mdata.planner import (
     BatchConsumed, BatchDelivered, ChunkFailed, ChunkLoaded, ConstructStep, JobFailed, LoadChunk,
     PlannerState, PoolTarget, RanksConsumed, ReleaseBatch, ReleaseChunk, StepReady, Tick, WorkerLost,
 )
-from mdata.pool_demand import PoolSizer
+from mdata.pools.demand import PoolSizer
 
 from planner_driver import Driver, lognormal_metadata
 

@@ -1,4 +1,4 @@
-"""Offline pool layout (mdata.pool_layout): who shares a pool, workers and threads per pool, the
+"""Offline pool layout (mdata.pools.layout): who shares a pool, workers and threads per pool, the
 core-budget fit, the mixture's peak stage, the printed forms, and default pools without a profile."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import yaml
 
 from mdata.errors import PlanError
 from mdata.mixing import LinearRamp, StagedMixture
-from mdata.pool_layout import (
+from mdata.pools.layout import (
     PoolLayout, amdahl_speedup, compute_layout, fit_layout, layout_for_plan, peak_stage, source_cost_class,
 )
-from mdata.pool_layout_text import dask_worker_commands, kubernetes_manifest
-from mdata.profile import Profile, SourceProfile
+from mdata.pools.layout_text import dask_worker_commands, kubernetes_manifest
+from mdata.pools.profile import Profile, SourceProfile
 
 
 def prof(name: str, ms: float, *, chunk_rows: int = 16, speedup: float = 1.0, threads: int = 2) -> SourceProfile:

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from mdata.pool_demand import PoolSizer
-from mdata.pool_scaling import PoolDecision, merge_jobs, pool_targets
+from mdata.pools.demand import PoolSizer
+from mdata.pools.scaling import PoolDecision, merge_jobs, pool_targets
 
 
 def source(name: str, demand: float, workers: int = 1) -> PoolDecision:

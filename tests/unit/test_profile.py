@@ -1,4 +1,4 @@
-"""Source profiles (mdata.profile): the math, the file, and a real measurement on real rows."""
+"""Source profiles (mdata.pools.profile): the math, the file, and a real measurement on real rows."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import pytest
 
 from fixtures_sources import Store, encode_image, grace_hopper, stdlib_texts, write_parquet
 from mdata.errors import PlanError
-from mdata.profile import PROFILE_VERSION, Profile, SourceProfile, _ranges, parallel_fraction, profile_sources
-from mdata.profile_report import Progress
+from mdata.pools.profile import PROFILE_VERSION, Profile, SourceProfile, parallel_fraction
+from mdata.pools.profile_progress import Progress
+from mdata.pools.profiling import _ranges, profile_sources
 
 
 def test_parallel_fraction_inverts_amdahl():

@@ -1,4 +1,4 @@
-"""Warm standby loaders (mdata.standbys): who is promoted when a loader dies, who becomes the
+"""Warm standby loaders (mdata.pools.standbys): who is promoted when a loader dies, who becomes the
 standby when a worker returns, and which standbys a new job warms. Pure: no cluster."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 
 from mdata.driver import PoolSpec
 from mdata.errors import PlanError
-from mdata.standbys import Role, RoleChange, StandbyBook, Warm, role_of
+from mdata.pools.standbys import Role, RoleChange, StandbyBook, Warm, role_of
 
 TEXT = {"pool_chat": 2, "pool_code": 2}
 TEXT_STANDBY = {"standby_chat": 2, "standby_code": 2}

@@ -14,8 +14,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from mdata.driver.tls import make_certificates, tls_files_from_args, trainer_env
 from mdata.errors import PlanError
-from mdata.pool_layout import LayoutPool, PoolLayout
-from mdata.pool_layout_text import TLS_MOUNT, dask_worker_commands, kubernetes_manifest
+from mdata.pools.layout import LayoutPool, PoolLayout
+from mdata.pools.layout_text import TLS_MOUNT, dask_worker_commands, kubernetes_manifest
 
 
 def _load(path: str) -> x509.Certificate:

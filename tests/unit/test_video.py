@@ -253,8 +253,8 @@ def test_read_metadata_takes_video_features_from_headers(tmp_path, clips):
 
 
 def test_profile_shows_the_decoder_memory_of_a_video_source(tmp_path, clips):
-    from mdata.profile import Profile, profile_source
-    from mdata.profile_report import profile_table
+    from mdata.pools.profile import Profile, profile_table
+    from mdata.pools.profiling import profile_source
 
     profile = profile_source(_source(_parquet(tmp_path, clips)), rows=6, threads=1)
     # The biggest decode holds at least its encoded clip and the frames it emitted.

@@ -5,14 +5,14 @@ For every planned sample the DGraph answers where it came from and where it went
 micro-batch and position it was planned into, which trainer ranks received the batch and which
 consumed it. One Python object per sample would cost hundreds of bytes and dominate the Planner's
 time at thousands of GPUs, so the tables are parallel numpy columns that grow by doubling
-(amortised O(1) appends, vectorised per step, :mod:`mdata.column_table`) and a sample's *lineage
-id* is its row in the samples table (plus the ids a long run forgot or spilled before it).
+(amortised O(1) appends, vectorised per step, :mod:`mdata.lineage.column_table`) and a sample's
+*lineage id* is its row in the samples table (plus the ids a long run forgot or spilled before it).
 
 ``story(sample_id)`` turns one row back into readable, chronological events, modelled on
 distributed's ``_stories``; ``verify_exactly_once`` checks that no sample was lost or duplicated.
 A long run keeps a bounded window of steps in memory: ``forget_before`` drops older lineage,
-``take_before`` hands it out as a :class:`~mdata.lineage_events.LineageSegment` to be spilled to
-files (:mod:`mdata.lineage_spill`), whose stories then read the same as the DGraph's own.
+``take_before`` hands it out as a :class:`~mdata.lineage.events.LineageSegment` to be spilled to
+files (:mod:`mdata.lineage.spill`), whose stories then read the same as the DGraph's own.
 """
 
 from __future__ import annotations
@@ -24,15 +24,15 @@ from typing import Any
 
 import numpy as np
 
-from mdata.column_table import ColumnTable
 from mdata.errors import PlanError
-from mdata.lineage_events import (
+from mdata.lineage.column_table import ColumnTable
+from mdata.lineage.events import (
     CONSUMED as _CONSUMED, DELIVERED as _DELIVERED, LOAD_COLUMNS as _LOAD_COLUMNS,
     RANK_COLUMNS as _RANK_COLUMNS, SAMPLE_COLUMNS as _SAMPLE_COLUMNS, SKIP_COLUMNS as _SKIP_COLUMNS,
     Event, LineageSegment, loaded_events, occurrence_story, planned_event, rank_story, sample_info,
 )
 
-__all__ = ["ColumnTable", "DGraph", "ExactlyOnceReport", "LineageSegment"]
+__all__ = ["DGraph", "ExactlyOnceReport", "LineageSegment"]
 
 # rank rows buffered as tuples before they become columns: flushed at this many (bounded memory)
 _RANK_BUFFER_ROWS = 1 << 16

@@ -1,9 +1,9 @@
 """What a sample's story is made of, shared by the in-memory DGraph and its spilled files.
 
-A story (:meth:`mdata.lineage.DGraph.story`) is built from rows of four lineage tables: the chunk
-loads of the sample's chunk, its planned row, and the delivery and consumption rows of its step
-and DP rank. The same rows live either in the DGraph's numpy columns or, once a long run spilled
-them, in Parquet files (:mod:`mdata.lineage_spill`); building the events with the functions here
+A story (:meth:`mdata.lineage.dgraph.DGraph.story`) is built from rows of four lineage tables:
+the chunk loads of the sample's chunk, its planned row, and the delivery and consumption rows of
+its step and DP rank. The same rows live either in the DGraph's numpy columns or, once a long run spilled
+them, in Parquet files (:mod:`mdata.lineage.spill`); building the events with the functions here
 from either place makes a spilled story identical to the one the DGraph would have told.
 
 Every event carries the DGraph's sequence number of what it records (``seq``), so events from

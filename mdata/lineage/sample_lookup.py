@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from mdata.errors import SampleNotPlannedError
-from mdata.ids import SampleId
+from mdata.lineage.ids import SampleId
 
 __all__ = ["check_sample_exists", "not_planned"]
 

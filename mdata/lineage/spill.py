@@ -1,8 +1,8 @@
 """Lineage older than the DGraph's retention, in Parquet files reached through fsspec.
 
 A long run keeps the lineage of its last ``mdata.planner.lineage-steps`` consumed steps in memory
-(:class:`~mdata.lineage.DGraph`); older ranges of steps leave it as
-:class:`~mdata.lineage_events.LineageSegment` values and are written here, so the story of a
+(:class:`~mdata.lineage.dgraph.DGraph`); older ranges of steps leave it as
+:class:`~mdata.lineage.events.LineageSegment` values and are written here, so the story of a
 sample from the first step of a week-long run can still be told while the Planner's memory stays
 flat. This module is pure (pyarrow and fsspec, no Dask): the scheduler's runtime decides when to
 write (in a background thread) and asks the questions.
@@ -23,7 +23,7 @@ keeps it (:meth:`SpillRange.metadata`).
 
 **Stories.** :class:`StoryQuery` copies what a story needs from the DGraph in memory (taken
 under the job's lock, cheap) and then reads the spilled ranges outside it; the events come from
-the same builders as the DGraph's own (:mod:`mdata.lineage_events`), so a spilled story is
+the same builders as the DGraph's own (:mod:`mdata.lineage.events`), so a spilled story is
 identical to the one an unbounded DGraph would tell.
 """
 
@@ -41,8 +41,8 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from mdata.lineage import DGraph
-from mdata.lineage_events import (
+from mdata.lineage.dgraph import DGraph
+from mdata.lineage.events import (
     LOAD_COLUMNS, RANK_COLUMNS, SAMPLE_COLUMNS, SKIP_COLUMNS, Event, LineageSegment, occurrence_story,
     loaded_events, planned_event, rank_story, sample_info,
 )
@@ -109,7 +109,7 @@ class SpillRange:
     Reads work in either state; :meth:`write` swaps the tables for the files, whose footers are
     read once and cached. Immutable apart from that swap, so a reader may hold a range
     while another thread writes it. A range the store let go (:meth:`discard`: a bound of
-    :mod:`mdata.lineage_limits` reached) frees its memory and reads as empty.
+    :mod:`mdata.lineage.limits` reached) frees its memory and reads as empty.
     """
 
     def __init__(self, index: int, first_step: int, stop_step: int, *,

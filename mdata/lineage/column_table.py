@@ -1,8 +1,9 @@
 """Append-only tables of fixed-dtype numpy columns, the storage of the DGraph.
 
 One Python object per planned sample would cost hundreds of bytes at thousands of GPUs, so the
-lineage tables (:mod:`mdata.lineage`) are parallel numpy columns that grow by doubling (amortised
-O(1) appends, vectorised per step) and drop old rows in place when a long run forgets them.
+lineage tables (:mod:`mdata.lineage.dgraph`) are parallel numpy columns that grow by doubling
+(amortised O(1) appends, vectorised per step) and drop old rows in place when a long run forgets
+them.
 """
 
 from __future__ import annotations
