@@ -13,8 +13,9 @@ in, so it is tested without a cluster. The scheduler's pages draw from them
 (``scheduler_plugins/dashboard/``). Names are imported on first use.
 """
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from mdata.lazy_exports import lazy_exports
 
 #: Where each public name lives (imported on first use, PEP 562).
 _HOMES = {
@@ -37,17 +38,7 @@ if TYPE_CHECKING:
     from mdata.observe.meters import LoadHistory, SourceFigures, SourceMeter, TrainerFigures, TrainerMeter
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(f"{__name__}.{home}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_HOMES})
+__getattr__, __dir__ = lazy_exports(__name__, _HOMES)
 
 
 __all__ = sorted(_HOMES)

@@ -19,8 +19,9 @@ Names are imported on first use, as in :mod:`mdata.sources`: a loader worker tha
 standbys' roles does not import the layout's arithmetic.
 """
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from mdata.lazy_exports import lazy_exports
 
 #: Where each public name lives (imported on first use, PEP 562).
 _HOMES = {
@@ -51,17 +52,7 @@ if TYPE_CHECKING:
     from mdata.pools.standbys import StandbyBook
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(f"{__name__}.{home}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_HOMES})
+__getattr__, __dir__ = lazy_exports(__name__, _HOMES)
 
 
 __all__ = sorted(_HOMES)

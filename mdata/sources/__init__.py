@@ -14,8 +14,9 @@
 Everything here is numpy/pyarrow/fsspec only: no Dask, no torch.
 """
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from mdata.lazy_exports import lazy_exports
 
 #: Where each public name lives. Names are imported on first use (PEP 562): a process that needs
 #: one light module (a trainer's storage notices, a constructor's chunk type) does not import
@@ -58,17 +59,7 @@ if TYPE_CHECKING:
     from mdata.sources.waits import StorageWait, storage_waits, storage_waits_begun
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(f"{__name__}.{home}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_HOMES})
+__getattr__, __dir__ = lazy_exports(__name__, _HOMES)
 
 __all__ = [
     "ChunkContext",
