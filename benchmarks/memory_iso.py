@@ -285,7 +285,12 @@ def iso_figures(quick: bool) -> dict[str, object]:
     out: dict[str, object] = {}
     budget = _Budget(LIMIT_MB)
     for n in cfg["sources"]:
-        out.update(_point(cfg, n, budget))
+        try:
+            out.update(_point(cfg, n, budget))
+        except Exception as exc:  # one point lost (a priming past its deadline): the others stand
+            out[f"memory.iso_ratio_{n}"] = figure(
+                None, goal=">= 13.5" if n == 306 else "report",
+                note=f"not measured at {n} sources: {type(exc).__name__}: {exc}")
     return out
 
 

@@ -99,3 +99,20 @@ def test_the_budget_extrapolates_a_workers_memory_along_its_slope_per_source() -
     assert budget.families(2, 1024, 1) == 2
     assert budget.families(2, 1024, 2) == 1  # two families of two workers would not fit
     assert budget.families(2, 1024, 4) == 0
+
+
+def test_a_point_that_fails_loses_only_its_own_figures(monkeypatch) -> None:
+    """A run of several hours keeps every point it measured when one point fails (an mdata fleet
+    that could not prime 1,024 sources in time on a loaded machine once lost the whole sweep)."""
+    import benchmarks.memory_iso as iso
+
+    def point(cfg: dict, n: int, budget) -> dict:
+        if n == 306:
+            raise TimeoutError("priming took over 900 s")
+        return {f"memory.iso_ratio_{n}": float(n)}
+
+    monkeypatch.setattr(iso, "_point", point)
+    out = iso.iso_figures(quick=False)
+    assert [out[f"memory.iso_ratio_{n}"] for n in (5, 64, 1024)] == [5.0, 64.0, 1024.0]
+    lost = out["memory.iso_ratio_306"]
+    assert "not measured at 306 sources: TimeoutError: priming took over 900 s" in str(lost)
