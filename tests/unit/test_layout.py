@@ -373,15 +373,20 @@ SYNTHETIC = {
 }
 
 
-def _synthetic() -> tuple[list[Import], frozenset[str]]:
+def _parsed(files: Mapping[str, str], **options: bool) -> tuple[list[Import], frozenset[str]]:
+    """The imports and module names of a synthetic tree (``path -> source``)."""
     imports: list[Import] = []
     names = []
-    for path, source in SYNTHETIC.items():
+    for path, source in files.items():
         rel = PurePosixPath(path)
         name = module_name(rel)
         names.append(name)
-        imports += imports_in(source, name, rel.name == "__init__.py")
+        imports += imports_in(source, name, rel.name == "__init__.py", **options)
     return imports, frozenset(names)
+
+
+def _synthetic() -> tuple[list[Import], frozenset[str]]:
+    return _parsed(SYNTHETIC)
 
 
 def test_relative_imports_resolve_like_python() -> None:
@@ -444,14 +449,7 @@ HIDDEN = {
 
 
 def _hidden(type_checking: bool) -> tuple[dict[str, set[str]], dict[tuple[str, str], int]]:
-    imports: list[Import] = []
-    names = []
-    for path, source in HIDDEN.items():
-        rel = PurePosixPath(path)
-        name = module_name(rel)
-        names.append(name)
-        imports += imports_in(source, name, rel.name == "__init__.py", type_checking=type_checking)
-    return import_graph(imports, frozenset(names))
+    return import_graph(*_parsed(HIDDEN, type_checking=type_checking))
 
 
 def test_the_circle_rule_counts_imports_for_the_type_checker_and_in_functions() -> None:
