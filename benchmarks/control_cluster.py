@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["cluster", "cpu_seconds", "start_cluster", "wait_for_line"]
+__all__ = ["cluster", "start_cluster", "wait_for_line"]
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -163,9 +163,3 @@ def cluster(corpus: Path, constructors: int) -> Iterator[tuple[subprocess.Popen,
             stop_processes([scheduler])
     finally:  # the log's end is quoted in the error above; a run leaves nothing in /tmp
         shutil.rmtree(folder, ignore_errors=True)
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of one process (all its threads, not its children), from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

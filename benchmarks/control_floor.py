@@ -46,7 +46,7 @@ def request_floor_us(address: str, pid: int, *, hosts: int, calls: int,
     """Scheduler CPU per ``echo`` request from ``hosts`` clients at the cluster at ``address``
     (scheduler process ``pid``), net of what the connected clients cost it when silent:
     ``{"us_per_request", "asking_s", "silent_cpu_s", "hosts", "calls"}``."""
-    from benchmarks.control_cluster import cpu_seconds
+    from benchmarks.counting import cpu_seconds
 
     ctx = mp.get_context("spawn")
     barrier, results = ctx.Barrier(hosts + 1), ctx.Queue()
@@ -56,11 +56,11 @@ def request_floor_us(address: str, pid: int, *, hosts: int, calls: int,
         p.start()
     try:
         barrier.wait(timeout=180)
-        cpu0, t0 = cpu_seconds(pid), time.monotonic()
+        cpu0, t0 = cpu_seconds([pid]), time.monotonic()
         barrier.wait(timeout=600)
-        cpu1, t1 = cpu_seconds(pid), time.monotonic()
+        cpu1, t1 = cpu_seconds([pid]), time.monotonic()
         time.sleep(t1 - t0)  # silent, as long as the asking took
-        cpu2 = cpu_seconds(pid)
+        cpu2 = cpu_seconds([pid])
         barrier.wait(timeout=60)
     finally:
         for p in procs:

@@ -89,7 +89,7 @@ import time
 from pathlib import Path
 
 from benchmarks.control_cluster import cluster as _cluster
-from benchmarks.control_cluster import cpu_seconds
+from benchmarks.counting import cpu_seconds
 from benchmarks.control_consume import consume_us_per_rank
 from benchmarks.control_floor import request_floor_us
 from benchmarks.control_job import job_plan
@@ -116,7 +116,7 @@ class _CpuSampler(threading.Thread):
 
     def run(self) -> None:
         while not self._done.is_set():
-            self.samples.append((time.time(), cpu_seconds(self.pid)))
+            self.samples.append((time.time(), cpu_seconds([self.pid])))
             time.sleep(self.interval)
 
     def stop(self) -> None:
